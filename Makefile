@@ -1,0 +1,37 @@
+# Two entry points, both usable on a fresh machine (see README):
+#   make book   install everything, then build the book, executing every notebook on CPU
+#   make test   install everything, then run all the tests (unit tests + notebooks under nbval)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: book test install export check-export notebooks clean
+
+install: $(STAMP) book/vendor/MANIFEST.json
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+book/vendor/MANIFEST.json: book/package.json book/package-lock.json tools/vendor_js.py
+	$(PY) tools/vendor_js.py
+
+book: install
+	ANNOTATED_BOOK=1 $(VENV)/bin/jupyter-book build . --warningiserror --keep-going
+	@echo "The book is in _build/html/index.html"
+
+test: install
+	$(PY) -m pytest -n 2 --dist loadfile
+
+export: install            ## after editing a notebook: regenerate annotated/
+	$(PY) tools/export.py
+
+notebooks: install         ## re-execute notebooks in place so their stored outputs are fresh
+	$(PY) tools/run_notebooks.py
+
+clean:
+	rm -rf _build book/vendor book/node_modules

@@ -1,0 +1,71 @@
+"""The book builds with warnings as errors and its pages load nothing from the internet.
+
+This builds from the notebooks' stored outputs (execution off) so that it stays fast; the
+main job (`make book`) executes every notebook. nbval checks that the stored outputs are
+what the code produces today.
+"""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def toc_files():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc["parts"]:
+        files += [c["file"] for c in part["chapters"]]
+    return files
+
+
+def test_every_notebook_is_in_the_toc():
+    listed = set(toc_files())
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        assert f"notebooks/{nb.stem}" in listed, f"{nb.name} is missing from _toc.yml"
+
+
+@pytest.fixture(scope="module")
+def built_book(tmp_path_factory):
+    vendor = ROOT / "book" / "vendor" / "MANIFEST.json"
+    assert vendor.exists(), "book/vendor is missing: run `python tools/vendor_js.py` (make does this)"
+    tmp = tmp_path_factory.mktemp("book")
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config["execute"]["execute_notebooks"] = "off"
+    cfg = tmp / "_config.yml"
+    cfg.write_text(yaml.safe_dump(config))
+    jb = shutil.which("jupyter-book", path=str(Path(sys.executable).parent)) or "jupyter-book"
+    result = subprocess.run([jb, "build", str(ROOT), "--config", str(cfg), "--path-output", str(tmp),
+                             "--warningiserror", "--keep-going", "--quiet"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return tmp / "_build" / "html"
+
+
+def test_pages_exist(built_book):
+    for f in toc_files():
+        assert (built_book / f"{f}.html").exists(), f
+
+
+def test_nothing_loads_from_the_internet(built_book):
+    external = re.compile(r'<(?:script|link|img|iframe)[^>]*(?:src|href)="(https?:)?//[^"]+"', re.I)
+    for page in built_book.rglob("*.html"):
+        hits = external.findall(page.read_text(encoding="utf-8"))
+        assert not hits, f"{page.relative_to(built_book)} loads remote resources"
+        assert "cdn.jsdelivr" not in page.read_text(encoding="utf-8"), page
+
+
+def test_mathjax_and_vega_are_served_locally(built_book):
+    page = (built_book / "notebooks" / "01_attention.html").read_text(encoding="utf-8")
+    for script in ["_static/mathjax/tex-mml-chtml.js", "_static/vega/vega.min.js",
+                   "_static/vega-lite/vega-lite.min.js", "_static/vega-embed/vega-embed.min.js"]:
+        assert script in page, script
+        assert (built_book / script.split("?")[0]).exists(), script
+    assert page.count("tex-mml-chtml.js") == 1, "MathJax must be loaded exactly once"
+    assert 'vegaEmbed("#vega-' in page            # charts are embedded, not images or CDN loaders
+    assert r"\sqrt{d_k}" in page                  # equations reach the page for MathJax

@@ -1,0 +1,69 @@
+"""MultiHeadedAttention against torch.nn.MultiheadAttention with copied weights."""
+import pytest
+import torch
+from torch import nn
+
+from annotated import MultiHeadedAttention, attention, subsequent_mask
+
+
+def copy_into_torch(ours: MultiHeadedAttention, d_model: int, h: int, dtype) -> nn.MultiheadAttention:
+    ref = nn.MultiheadAttention(d_model, h, dropout=0.0, batch_first=True, dtype=dtype)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
+        ref.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
+        ref.out_proj.weight.copy_(ours.w_o.weight)
+        ref.out_proj.bias.copy_(ours.w_o.bias)
+    return ref
+
+
+@pytest.mark.parametrize("h,d_model", [(1, 8), (4, 32), (8, 64)])
+@pytest.mark.parametrize("kind", ["self", "causal", "cross-padded"])
+def test_parity_with_torch(h, d_model, kind):
+    dtype = torch.float64
+    ours = MultiHeadedAttention(h, d_model, dropout=0.0).to(dtype)
+    ref = copy_into_torch(ours, d_model, h, dtype)
+    x = torch.randn(3, 6, d_model, dtype=dtype)
+    mem = torch.randn(3, 9, d_model, dtype=dtype)
+    if kind == "self":
+        got, (want, _) = ours(x, x, x), ref(x, x, x)
+    elif kind == "causal":
+        m = subsequent_mask(6)
+        got = ours(x, x, x, mask=m)
+        want, _ = ref(x, x, x, attn_mask=~m[0])
+    else:
+        lengths = torch.tensor([9, 4, 1])
+        keep = torch.arange(9)[None, :] < lengths[:, None]             # (3, 9)
+        got = ours(x, mem, mem, mask=keep[:, None, :])
+        want, _ = ref(x, mem, mem, key_padding_mask=~keep)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    # gradients agree as well
+    got.sum().backward(); want.sum().backward()
+    torch.testing.assert_close(ours.w_o.weight.grad, ref.out_proj.weight.grad, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(torch.cat([ours.w_q.weight.grad, ours.w_k.weight.grad, ours.w_v.weight.grad]),
+                               ref.in_proj_weight.grad, rtol=1e-10, atol=1e-10)
+
+
+def test_weights_kept_and_heads_independent():
+    mha = MultiHeadedAttention(4, 16, dropout=0.0)
+    x = torch.randn(2, 5, 16)
+    mha(x, x, x)
+    assert mha.attn.shape == (2, 4, 5, 5)
+    # head 0 depends only on the first d_k rows of W^Q: changing another head's rows leaves it alone
+    before = mha.attn.clone()
+    with torch.no_grad():
+        mha.w_q.weight[4:] += 1.0
+    mha(x, x, x)
+    torch.testing.assert_close(mha.attn[:, 0], before[:, 0])
+    assert not torch.allclose(mha.attn[:, 1], before[:, 1])
+
+
+def test_matches_single_attention_when_one_head():
+    mha = MultiHeadedAttention(1, 8, dropout=0.0)
+    x = torch.randn(2, 4, 8)
+    expected = mha.w_o(attention(mha.w_q(x), mha.w_k(x), mha.w_v(x))[0])
+    torch.testing.assert_close(mha(x, x, x), expected)
+
+
+def test_indivisible_heads_rejected():
+    with pytest.raises(ValueError, match="not divisible by h=6"):
+        MultiHeadedAttention(6, 512)
