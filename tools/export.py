@@ -33,7 +33,7 @@ edit the notebooks, then run `python tools/export.py`.
 
 
 def notebooks(root: Path) -> list[Path]:
-    return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return sorted((root / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 
 def export_tree(root: Path) -> list[str]:

@@ -36,7 +36,7 @@ def run(path: Path, timeout: int = 1200) -> float:
 
 
 def main(argv: list[str]) -> int:
-    paths = [Path(a) for a in argv] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    paths = [Path(a) for a in argv] or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
     for p in paths:
         print(f"{p.name}: {run(p):.1f}s", flush=True)
     return 0
