@@ -5,6 +5,12 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Data: a local copy when ../shared/data exists (CI, and machines without internet); otherwise
+# the data code downloads the official files (with sha256 checks) into ~/.cache/annotated.
+ANNOTATED_DATA ?= $(shell [ -d ../shared/data ] && cd ../shared/data && pwd)
+ifneq ($(ANNOTATED_DATA),)
+export ANNOTATED_DATA
+endif
 
 .PHONY: book test install export check-export notebooks clean
 
@@ -25,7 +31,7 @@ book: install
 	@echo "The book is in _build/html/index.html"
 
 test: install
-	$(PY) -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15
 
 export: install            ## after editing a notebook: regenerate annotated/
 	$(PY) tools/export.py

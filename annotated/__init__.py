@@ -6,16 +6,26 @@ edit the notebooks, then run `python tools/export.py`.
 
 from .attention import *  # noqa: F401,F403
 from .attention import __all__ as _attention_all
+from .data import *  # noqa: F401,F403
+from .data import __all__ as _data_all
+from .decoding import *  # noqa: F401,F403
+from .decoding import __all__ as _decoding_all
 from .embeddings import *  # noqa: F401,F403
 from .embeddings import __all__ as _embeddings_all
 from .layers import *  # noqa: F401,F403
 from .layers import __all__ as _layers_all
 from .model import *  # noqa: F401,F403
 from .model import __all__ as _model_all
+from .multi30k import *  # noqa: F401,F403
+from .multi30k import __all__ as _multi30k_all
 from .multihead import *  # noqa: F401,F403
 from .multihead import __all__ as _multihead_all
+from .train import *  # noqa: F401,F403
+from .train import __all__ as _train_all
+from .training import *  # noqa: F401,F403
+from .training import __all__ as _training_all
 from .viz import *  # noqa: F401,F403
 from .viz import __all__ as _viz_all
 
-__all__ = list(_attention_all) + list(_embeddings_all) + list(_layers_all) + list(_model_all) + list(_multihead_all) + list(_viz_all)
+__all__ = list(_attention_all) + list(_data_all) + list(_decoding_all) + list(_embeddings_all) + list(_layers_all) + list(_model_all) + list(_multi30k_all) + list(_multihead_all) + list(_train_all) + list(_training_all) + list(_viz_all)
 __version__ = "0.1.0"

@@ -226,12 +226,13 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
     if cfg.task not in TASKS:
         raise ConfigError(f"unknown task {cfg.task!r}; choose one of: {', '.join(sorted(TASKS))}")
     task = TASKS[cfg.task](cfg)
+    task.per_step = world * cfg.accum                        # micro-batches per optimiser step, all ranks
     torch.manual_seed(cfg.seed)                              # identical initial weights on every rank
     model = make_model(task.src_vocab, task.tgt_vocab, **asdict(cfg.model)).to(device)
     optimizer, scheduler = make_optimizer(model, d_model=cfg.model.d_model, factor=cfg.lr_factor, warmup=cfg.warmup,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                                           fused=True if device.type == "cuda" else None)
-    criterion = LabelSmoothing(task.tgt_vocab, PAD, cfg.label_smoothing)
+    criterion = LabelSmoothing(task.tgt_vocab, PAD, cfg.label_smoothing, fast=True)
     step = 0
     if resume_from is not None:
         state = load_checkpoint(resume_from)
@@ -325,4 +326,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__" and "__file__" in globals():   # run as a script, not inside a notebook
-    sys.exit(main())
+    # Use the package's copy of this module, where later chapters register their tasks and configurations.
+    from annotated.train import main as _main
+    sys.exit(_main())

@@ -48,7 +48,7 @@ class Batch:
 class LabelSmoothing(nn.Module):
     """KL(q || p) summed over positions, with q the label-smoothed target distribution (paper 5.4)."""
 
-    def __init__(self, size: int, padding_idx: int, smoothing: float = 0.1):
+    def __init__(self, size: int, padding_idx: int, smoothing: float = 0.1, *, fast: bool = False):
         super().__init__()
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"LabelSmoothing: smoothing must be in [0, 1), got {smoothing}")
@@ -57,7 +57,8 @@ class LabelSmoothing(nn.Module):
         self.criterion = nn.KLDivLoss(reduction="sum")
         self.size, self.padding_idx = size, padding_idx
         self.smoothing, self.confidence = smoothing, 1.0 - smoothing
-        self.true_dist = None  # the last target distribution, for pictures
+        self.true_dist = None  # the last target distribution, for pictures (reference path only)
+        self.fast = fast       # compute the same loss without materialising q (see below)
 
     def target_distribution(self, target: torch.Tensor) -> torch.Tensor:
         """(n,) token ids -> (n, size) smoothed distribution q; rows of padding targets are all zero."""
@@ -71,10 +72,24 @@ class LabelSmoothing(nn.Module):
         """x: (n, size) log-probabilities; target: (n,) token ids -> scalar summed loss."""
         if x.size(1) != self.size:
             raise ValueError(f"LabelSmoothing: expected log-probabilities over {self.size} tokens, got {x.size(1)}")
+        if self.fast:
+            return self.closed_form(x, target)
         self.true_dist = self.target_distribution(target).to(x.dtype)
         return self.criterion(x, self.true_dist)
 
-# %% ../notebooks/06_training.ipynb #c015
+    def closed_form(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The same KL(q || p) without building q: sum_k q_k log q_k - sum_k q_k log p_k, row by row."""
+        eps, conf = self.smoothing / (self.size - 2), self.confidence
+        keep = target != self.padding_idx                                      # (n,)
+        x, target = x[keep], target[keep]                                      # drop padding rows
+        log_p_target = x.gather(1, target[:, None]).squeeze(1)                 # (n,)
+        rest = x.sum(1) - log_p_target - x[:, self.padding_idx]                # sum over the other V-2 tokens
+        cross = -(conf * log_p_target + eps * rest).sum()                      # -sum_k q_k log p_k
+        entropy = -(conf * math.log(conf) if conf > 0 else 0.0) - (
+            (self.size - 2) * eps * math.log(eps) if eps > 0 else 0.0)
+        return cross - entropy * keep.sum()
+
+# %% ../notebooks/06_training.ipynb #c017
 def rate(step: int, model_size: int, factor: float = 1.0, warmup: int = 4000) -> float:
     """lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (paper 5.3, eq. 3)."""
     step = max(step, 1)
@@ -89,7 +104,7 @@ def make_optimizer(model: nn.Module, *, d_model: int, factor: float = 1.0, warmu
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda=lambda s: rate(s + 1, d_model, factor, warmup))
     return opt, sched
 
-# %% ../notebooks/06_training.ipynb #c020
+# %% ../notebooks/06_training.ipynb #c022
 class TokenBatchSampler:
     """Groups example indices into batches of at most `max_tokens` padded tokens per side (paper 5.1).
 
@@ -137,7 +152,7 @@ class TokenBatchSampler:
     def __len__(self):
         return len(self.batches())
 
-# %% ../notebooks/06_training.ipynb #c024
+# %% ../notebooks/06_training.ipynb #c026
 def loss_on_batch(model, batch: Batch, criterion, *, autocast=None):
     """Summed label-smoothed loss of one batch (model may be DDP-wrapped)."""
     core = model.module if hasattr(model, "module") else model
@@ -176,7 +191,7 @@ def train_step(model, micro_batches: list[Batch], criterion, optimizer, schedule
     optimizer.zero_grad(set_to_none=True)
     return {"loss_sum": summed, "tokens": sum(b.ntokens for b in micro_batches), "grad_norm": grad_norm}
 
-# %% ../notebooks/06_training.ipynb #c028
+# %% ../notebooks/06_training.ipynb #c030
 @torch.no_grad()
 def greedy_decode(model, src, src_mask, max_len: int, start_symbol: int, *, end_symbol: int | None = None):
     """Most probable token at each step. Returns (batch, <= max_len) ids starting with `start_symbol`.
@@ -197,7 +212,7 @@ def greedy_decode(model, src, src_mask, max_len: int, start_symbol: int, *, end_
             break
     return ys
 
-# %% ../notebooks/06_training.ipynb #c030
+# %% ../notebooks/06_training.ipynb #c032
 PAD, BOS, EOS = 0, 1, 2   # special token ids used throughout the book
 
 

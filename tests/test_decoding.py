@@ -1,0 +1,262 @@
+"""Beam search, incremental decoding, checkpoint averaging and BLEU (chapter 7)."""
+import itertools
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import annotated
+from annotated import (PaperTokenizer, average_checkpoints, greedy_decode, make_model, sacrebleu_score,
+                       split_compounds, tokenized_bleu)
+from annotated.decoding import beam_search, beam_search_hypotheses, length_penalty, sequence_log_prob
+
+PAD, BOS, EOS = 0, 1, 2
+BIN = Path(sys.executable).parent
+
+
+def random_batch(vocab, batch=5, n=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, vocab, (batch, n), generator=g)
+    for i in range(batch):                       # ragged source lengths, from n down to 2
+        src[i, max(2, n - i):] = PAD
+    return src, (src != PAD)[:, None]
+
+
+def strip(ys):
+    """greedy_decode output -> token lists without <s> and </s>, and whether </s> was produced."""
+    rows = [row[1:] for row in ys.tolist()]
+    return [r[:r.index(EOS)] if EOS in r else r for r in rows], [EOS in r for r in rows]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_beam_size_one_is_greedy(norm_first):
+    for seed in range(3):
+        torch.manual_seed(seed)
+        model = make_model(12, 12, N=2, d_model=32, d_ff=64, h=4, norm_first=norm_first).eval()
+        src, mask = random_batch(12, seed=seed)
+        greedy, _ = strip(greedy_decode(model, src, mask, 15, BOS, end_symbol=EOS))
+        for use_cache in (True, False):
+            assert beam_search(model, src, mask, 15, BOS, EOS, beam_size=1, alpha=0.6, use_cache=use_cache) == greedy
+
+
+def test_beam_does_not_score_below_greedy_on_random_models():
+    """With alpha=0 beam search maximises log P(Y|X). This is not a theorem (beam search may prune the
+    greedy prefix and then find only worse continuations), so it is checked on fixed random models,
+    where it holds: 10 models x 8 sentences."""
+    better = 0
+    for seed in range(10):
+        torch.manual_seed(seed)
+        model = make_model(12, 12, N=2, d_model=32, d_ff=64, h=4).double().eval()
+        src, mask = random_batch(12, batch=8, n=6, seed=seed)
+        greedy, ended = strip(greedy_decode(model, src, mask, 10, BOS, end_symbol=EOS))
+        greedy_lp = sequence_log_prob(model, src, mask, greedy, BOS, EOS, ended)
+        beams = beam_search_hypotheses(model, src, mask, 10, BOS, EOS, beam_size=4, alpha=0.0)
+        beam_lp = torch.tensor([b[0].log_prob for b in beams], dtype=torch.float64)
+        best = [b[0] for b in beams]
+        torch.testing.assert_close(   # the reported log P is the model's
+            sequence_log_prob(model, src, mask, [h.tokens for h in best], BOS, EOS, [h.finished for h in best]),
+            beam_lp)
+        assert (beam_lp >= greedy_lp - 1e-9).all(), (seed, beam_lp - greedy_lp)
+        better += int((beam_lp > greedy_lp + 1e-9).sum())
+    assert better > 0
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_beam_as_large_as_the_search_space_is_exact_search(alpha):
+    V, L = 7, 3                                  # 4 real tokens (+ pad, bos, eos), at most 3 generated tokens
+    torch.manual_seed(3)
+    model = make_model(V, V, N=1, d_model=16, d_ff=32, h=2).double().eval()
+    src, mask = random_batch(V, batch=2, n=4, seed=1)
+    outputs = [([*s[:-1]], True) if s[-1] == EOS else ([*s], False)
+               for n in range(1, L + 1) for s in itertools.product(range(V), repeat=n)
+               if EOS not in s[:-1] and (s[-1] == EOS or n == L)]
+    beams = beam_search_hypotheses(model, src, mask, L + 1, BOS, EOS, beam_size=V ** L, alpha=alpha)
+    for i in range(2):
+        lp = sequence_log_prob(model, src[i:i + 1].expand(len(outputs), -1), mask[i:i + 1].expand(len(outputs), -1, -1),
+                               [o for o, _ in outputs], BOS, EOS, [f for _, f in outputs])
+        n_tokens = torch.tensor([len(o) + f for o, f in outputs], dtype=torch.float64)
+        scores = lp / length_penalty(n_tokens, alpha)
+        order = scores.argsort(descending=True)
+        best = beams[i][0]
+        assert best.tokens == outputs[int(order[0])][0]
+        assert math.isclose(best.score, scores.max().item(), rel_tol=1e-12)
+        # the whole final beam is the top of the exhaustive ranking
+        top = sorted(scores.tolist(), reverse=True)[:len(beams[i])]
+        assert [h.score for h in beams[i]] == pytest.approx(top, rel=1e-12)
+
+
+@pytest.mark.parametrize("config", [dict(), dict(norm_first=True), dict(learned_positions=True)])
+def test_cache_gives_the_same_hypotheses(config):
+    for seed in range(2):
+        torch.manual_seed(seed)
+        model = make_model(15, 15, N=2, d_model=32, d_ff=64, h=4, **config).double().eval()
+        src, mask = random_batch(15, batch=4, n=6, seed=seed)
+        for beam_size, max_len in [(1, 12), (3, 12), (5, None)]:
+            fast = beam_search_hypotheses(model, src, mask, max_len, BOS, EOS, beam_size, 0.6, use_cache=True)
+            slow = beam_search_hypotheses(model, src, mask, max_len, BOS, EOS, beam_size, 0.6, use_cache=False)
+            assert [[h.tokens for h in b] for b in fast] == [[h.tokens for h in b] for b in slow]
+            for fb, sb in zip(fast, slow):
+                assert [h.score for h in fb] == pytest.approx([h.score for h in sb], rel=1e-10)
+
+
+def test_length_limits():
+    torch.manual_seed(0)
+    model = make_model(10, 10, N=1, d_model=16, d_ff=32, h=2).eval()
+    with torch.no_grad():
+        model.generator.proj.bias[EOS] = -1e9    # never finishes: every search runs to its limit
+    src, mask = random_batch(10, batch=3, n=5)
+    n_src = mask.sum(-1).squeeze(-1).tolist()    # [5, 4, 3]
+    beams = beam_search_hypotheses(model, src, mask, None, BOS, EOS, beam_size=2)
+    assert [len(b[0].tokens) for b in beams] == [n + 50 for n in n_src]    # the paper's input length + 50
+    assert not any(h.finished for b in beams for h in b)
+    assert [len(t) for t in beam_search(model, src, mask, 6, BOS, EOS)] == [5, 5, 5]   # max_len counts <s>
+
+
+def test_empty_source_gives_empty_output():
+    torch.manual_seed(0)
+    model = make_model(10, 10, N=1, d_model=16, d_ff=32, h=2).eval()
+    src = torch.tensor([[5, 6, EOS], [PAD, PAD, PAD]])
+    out = beam_search(model, src, (src != PAD)[:, None], None, BOS, EOS)
+    assert out[1] == [] and len(out) == 2
+    empty = torch.full((2, 3), PAD)
+    assert beam_search(model, empty, (empty != PAD)[:, None], None, BOS, EOS) == [[], []]
+
+
+def test_dropout_is_off_during_search_and_mode_is_restored():
+    torch.manual_seed(0)
+    model = make_model(10, 10, N=2, d_model=16, d_ff=32, h=2, dropout=0.5)
+    src, mask = random_batch(10, batch=3)
+    model.eval()
+    expected = beam_search(model, src, mask, 10, BOS, EOS)
+    model.train()
+    assert beam_search(model, src, mask, 10, BOS, EOS) == expected
+    assert model.training
+
+
+def test_bad_arguments():
+    model = make_model(10, 10, N=1, d_model=16, d_ff=32, h=2)
+    src, mask = random_batch(10, batch=1)
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, src, mask, 10, BOS, EOS, beam_size=0)
+    with pytest.raises(ValueError, match="max_len"):
+        beam_search(model, src, mask, 0, BOS, EOS)
+
+
+# ---------------------------------------------------------------- checkpoint averaging
+
+def test_average_of_two_checkpoints_is_the_elementwise_mean(tmp_path):
+    torch.manual_seed(0)
+    a, b = (make_model(11, 11, N=1, d_model=16, d_ff=32, h=2) for _ in range(2))
+    torch.save({"model": a.state_dict(), "step": 10}, tmp_path / "a.pt")   # the trainer's format
+    torch.save(b.state_dict(), tmp_path / "b.pt")                          # a plain state_dict
+    avg = average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt"])
+    sa, sb = a.state_dict(), b.state_dict()
+    assert avg.keys() == sa.keys()
+    for k in sa:
+        torch.testing.assert_close(avg[k], (sa[k] + sb[k]) / 2)
+        assert avg[k].dtype == sa[k].dtype
+    m = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2)
+    m.load_state_dict(avg)                                                 # shared embeddings load fine
+    assert m.generator.proj.weight is m.tgt_embed[0].lut.weight
+
+
+def test_average_keeps_half_precision_and_integer_entries(tmp_path):
+    for i, v in enumerate([1.0, 2.0, 4.0]):
+        torch.save({"w": torch.full((3,), v, dtype=torch.float16), "n": torch.tensor(i)}, tmp_path / f"{i}.pt")
+    avg = average_checkpoints(sorted(tmp_path.glob("*.pt")))
+    assert avg["w"].dtype == torch.float16 and torch.equal(avg["w"], torch.full((3,), 7 / 3, dtype=torch.float16))
+    assert int(avg["n"]) == 2                                               # from the last checkpoint
+
+
+def test_average_refuses_different_models(tmp_path):
+    torch.save(make_model(11, 11, N=1, d_model=16, d_ff=32, h=2).state_dict(), tmp_path / "a.pt")
+    torch.save(make_model(11, 11, N=1, d_model=16, d_ff=64, h=2).state_dict(), tmp_path / "wide.pt")
+    torch.save(make_model(11, 11, N=2, d_model=16, d_ff=32, h=2).state_dict(), tmp_path / "deep.pt")
+    with pytest.raises(ValueError, match=r"encoder\.layers\.0\.feed_forward\.w_1\.weight \(32, 16\) vs \(64, 16\)"):
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "wide.pt"])
+    with pytest.raises(ValueError, match=r"unexpected decoder\.layers\.1\."):
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "deep.pt"])
+    with pytest.raises(ValueError, match="no checkpoint"):
+        average_checkpoints([])
+    torch.save({"model": 3}, tmp_path / "junk.pt")
+    with pytest.raises(ValueError, match="neither a state_dict"):
+        average_checkpoints([tmp_path / "junk.pt"])
+
+
+# ---------------------------------------------------------------- BLEU
+
+HYPS = ["Die Katze saß auf der Matte.", "Er liest ein Handbuch für das E-Mail-Programm.", ""]
+REFS = ["Die Katze sitzt auf der Matte.", "Er liest ein E-Mail-Programm-Handbuch.", "Ende."]
+
+
+def test_identical_corpora_score_100():
+    assert sacrebleu_score(REFS, REFS)[0] == pytest.approx(100.0)
+    assert tokenized_bleu(REFS, REFS)[0] == pytest.approx(100.0)
+
+
+def test_sacrebleu_matches_its_command_line(tmp_path):
+    (tmp_path / "hyp").write_text("\n".join(HYPS) + "\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    cli = [str(BIN / "sacrebleu"), str(tmp_path / "ref"), "-i", str(tmp_path / "hyp"), "-b", "-w", "4"]
+    score, signature = sacrebleu_score(HYPS, REFS)
+    assert subprocess.run(cli, capture_output=True, text=True, check=True).stdout.strip() == f"{score:.4f}"
+    assert "tok:13a" in signature and "version:" in signature
+    # tokenized BLEU = sacreBLEU without its own tokenisation and smoothing, on the paper's tokens
+    tok = PaperTokenizer("de")
+    (tmp_path / "hyp.tok").write_text("\n".join(tok(h) for h in HYPS) + "\n", encoding="utf-8")
+    (tmp_path / "ref.tok").write_text("\n".join(tok(r) for r in REFS) + "\n", encoding="utf-8")
+    cli = [str(BIN / "sacrebleu"), str(tmp_path / "ref.tok"), "-i", str(tmp_path / "hyp.tok"), "-b", "-w", "4",
+           "--tokenize", "none", "--smooth-method", "none", "--force"]
+    tscore, description = tokenized_bleu(HYPS, REFS)
+    assert subprocess.run(cli, capture_output=True, text=True, check=True).stdout.strip() == f"{tscore:.4f}"
+    assert "##AT##" in description and "tok:none" in description
+    assert tscore > score                  # split compounds add easy matches
+
+
+def test_compound_splitting():
+    assert split_compounds("rich-text format") == "rich ##AT##-##AT## text format"
+    assert split_compounds("a-b-c -x y- --") == "a ##AT##-##AT## b-c -x y- --"    # non-overlapping, like perl
+    assert (PaperTokenizer("de")("Ein E-Mail-Programm-Handbuch, bitte.")
+            == "Ein E ##AT##-##AT## Mail ##AT##-##AT## Programm ##AT##-##AT## Handbuch , bitte .")
+
+
+@pytest.mark.skipif(shutil.which("perl") is None, reason="perl not installed")
+def test_compound_splitting_matches_the_perl_one_liner():
+    lines = "a-b-c rich-text -x y- 3-4 -- E-Mail-Adresse\nDas ist ein Hin-und-Her.\n"
+    perl = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"], input=lines,
+                          capture_output=True, text=True, check=True).stdout
+    assert perl.splitlines() == [split_compounds(x) for x in lines.splitlines()]
+
+
+def test_length_mismatch_names_both_counts():
+    for f in (sacrebleu_score, tokenized_bleu):
+        with pytest.raises(ValueError, match="2 hypotheses but 3 references"):
+            f(HYPS[:2], REFS)
+    with pytest.raises(ValueError, match="empty"):
+        sacrebleu_score([], [])
+
+
+def test_empty_lines_do_not_crash():
+    for f in (sacrebleu_score, tokenized_bleu):
+        assert f(["", ""], ["a b", "c"])[0] == 0.0
+        assert 0.0 < f(["", "Die Katze sitzt auf der Matte."], ["Ende.", "Die Katze sitzt auf der Matte."])[0] < 100.0
+
+
+def test_command_line(tmp_path):
+    module = annotated.sacrebleu_score.__module__             # the module that holds the command line
+    (tmp_path / "hyp").write_text("\n".join(HYPS) + "\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    (tmp_path / "short").write_text("\n".join(HYPS[:2]) + "\n", encoding="utf-8")
+    run = subprocess.run([sys.executable, "-m", module, "--hyp", str(tmp_path / "hyp"), "--ref", str(tmp_path / "ref")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert f"sacreBLEU      {sacrebleu_score(HYPS, REFS)[0]:.2f}" in run.stdout
+    assert f"tokenized BLEU {tokenized_bleu(HYPS, REFS)[0]:.2f}" in run.stdout
+    assert "RuntimeWarning" not in run.stderr
+    with pytest.raises(SystemExit) as exit:
+        annotated.evaluate_cli(["--hyp", str(tmp_path / "short"), "--ref", str(tmp_path / "ref")])
+    assert exit.value.code == 2
