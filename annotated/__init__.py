@@ -24,8 +24,10 @@ from .train import *  # noqa: F401,F403
 from .train import __all__ as _train_all
 from .training import *  # noqa: F401,F403
 from .training import __all__ as _training_all
+from .translate import *  # noqa: F401,F403
+from .translate import __all__ as _translate_all
 from .viz import *  # noqa: F401,F403
 from .viz import __all__ as _viz_all
 
-__all__ = list(_attention_all) + list(_data_all) + list(_decoding_all) + list(_embeddings_all) + list(_layers_all) + list(_model_all) + list(_multi30k_all) + list(_multihead_all) + list(_train_all) + list(_training_all) + list(_viz_all)
+__all__ = list(_attention_all) + list(_data_all) + list(_decoding_all) + list(_embeddings_all) + list(_layers_all) + list(_model_all) + list(_multi30k_all) + list(_multihead_all) + list(_train_all) + list(_training_all) + list(_translate_all) + list(_viz_all)
 __version__ = "0.1.0"

@@ -95,8 +95,12 @@ def translate(model, tokenizer: Tokenizer, sentences: list[str], *, beam_size: i
               batch_size: int = 64, max_len: int | None = None) -> list[str]:
     """Translate a list of strings with beam search; returns one string per input (empty in, empty out)."""
     device = next(model.parameters()).device
-    limit = getattr(model.src_embed[1], "max_len", 5000)
-    encoded = [tokenizer.encode(s)[:limit - 51] + [EOS] if s.strip() else None for s in sentences]
+    limit = getattr(model.src_embed[1], "max_len", 5000) - 51       # room for source + 50 output tokens
+    encoded = [tokenizer.encode(s) + [EOS] if s.strip() else None for s in sentences]
+    for i, e in enumerate(encoded):
+        if e is not None and len(e) > limit:
+            raise ValueError(f"translate: line {i + 1} has {len(e)} tokens; this model translates at most {limit} "
+                             f"(its positional table holds {limit + 51} positions). Split the line.")
     order = sorted((i for i, e in enumerate(encoded) if e is not None), key=lambda i: len(encoded[i]))
     out = [""] * len(sentences)
     model.eval()

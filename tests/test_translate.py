@@ -1,0 +1,51 @@
+"""`python -m annotated.translate`: model rebuilt from the checkpoint, bad checkpoints and inputs."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from annotated.train import TrainingError, build_config, train
+from annotated.translate import IdTokenizer, load_model
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("copy")
+    cfg = build_config("copy", ["max_steps=3", "checkpoint_every=1", "model.N=1", "model.d_model=16",
+                                "model.d_ff=32", "model.h=2", "batch_sentences=4"])
+    train(cfg, out, progress=False)
+    return sorted((out / "checkpoints").glob("*.pt"))
+
+
+def test_model_is_rebuilt_from_its_configuration(checkpoint):
+    model, tok, cfg = load_model([checkpoint[-1]])
+    assert cfg.model.d_model == 16 and isinstance(tok, IdTokenizer)
+    state = torch.load(checkpoint[-1], weights_only=True)["model"]
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+
+
+def test_averaging_several_checkpoints(checkpoint):
+    model, _, _ = load_model(checkpoint[-2:])
+    a, b = (torch.load(p, weights_only=True)["model"] for p in checkpoint[-2:])
+    k = "encoder.layers.0.feed_forward.w_1.weight"
+    torch.testing.assert_close(model.state_dict()[k], (a[k] + b[k]) / 2)
+
+
+def test_checkpoint_of_another_shape_names_the_parameters(checkpoint, tmp_path):
+    state = torch.load(checkpoint[-1], weights_only=True)
+    state["config"]["model"]["d_ff"] = 64          # the weights no longer fit the configuration
+    bad = tmp_path / "bad.pt"
+    torch.save(state, bad)
+    with pytest.raises(TrainingError, match=r"shape differs for encoder\.layers\.0\.feed_forward\.w_1\.weight"):
+        load_model([bad])
+
+
+def test_missing_checkpoint_and_bad_symbols(checkpoint, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "annotated.translate", "--checkpoint", str(tmp_path / "none.pt")],
+                       input="3 4\n", capture_output=True, text=True)
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "annotated.translate", "--checkpoint", str(checkpoint[-1])],
+                       input="3 4\nhello\n", capture_output=True, text=True)
+    assert r.returncode == 2 and "integers separated by spaces" in r.stderr
