@@ -255,7 +255,7 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
     log = open(out / "metrics.jsonl", "a") if rank == 0 else None
     bar = tqdm(total=cfg.max_steps, initial=step, disable=rank != 0 or not progress, unit="step", dynamic_ncols=True)
     start = last_ckpt_time = time.time()
-    window_tokens, window_start, last_path, loss = 0, time.time(), None, None
+    window_tokens, window_start, last_path, loss, run_tokens = 0, time.time(), None, None, 0
     model.train()
     try:
         while step < cfg.max_steps:
@@ -272,6 +272,7 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
                                     f"lr_factor or raise warmup, then resume or restart.")
             step += 1
             window_tokens += total_tokens
+            run_tokens += total_tokens
             lr = scheduler.get_last_lr()[0]
             if rank == 0:
                 elapsed = time.time() - window_start
@@ -296,10 +297,12 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
         bar.close()
         if log:
             log.close()
-    summary = {"steps": step, "seconds": time.time() - start, "last_checkpoint": str(last_path) if last_path else None,
-               "loss": loss, "world_size": world}
+    seconds = time.time() - start
+    summary = {"steps": step, "seconds": seconds, "last_checkpoint": str(last_path) if last_path else None,
+               "loss": loss, "world_size": world, "target_tokens_per_s": run_tokens / seconds if seconds > 0 else 0.0}
     if rank == 0:
-        print(f"done: step {step}/{cfg.max_steps} in {summary['seconds']:.1f} s. Checkpoints: {out / 'checkpoints'} "
+        print(f"done: step {step}/{cfg.max_steps} in {seconds:.1f} s ({summary['target_tokens_per_s']:,.0f} target "
+              f"tokens/s). Checkpoints: {out / 'checkpoints'} "
               f"(last: {last_path.name if last_path else 'none'}); metrics: {out / 'metrics.jsonl'}")
     return summary
 
