@@ -8,6 +8,7 @@ __all__ = ['clones', 'MultiHeadedAttention']
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import attention
@@ -21,7 +22,7 @@ def clones(module: nn.Module, n: int) -> nn.ModuleList:
 class MultiHeadedAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
 
-    def __init__(self, h: int, d_model: int, dropout: float = 0.1):
+    def __init__(self, h: int, d_model: int, dropout: float = 0.1, *, fast: bool = False):
         super().__init__()
         if d_model % h != 0:
             raise ValueError(f"MultiHeadedAttention: d_model={d_model} is not divisible by h={h} heads; "
@@ -33,6 +34,7 @@ class MultiHeadedAttention(nn.Module):
         self.w_o = nn.Linear(d_model, d_model)  # W^O
         self.dropout = nn.Dropout(dropout) if dropout > 0 else None  # on the attention weights
         self.attn = None  # last attention weights, (batch, h, n_q, n_k), for pictures
+        self.fast = fast  # use PyTorch's fused scaled_dot_product_attention (no weights kept)
 
     def split_heads(self, x):
         batch, n, _ = x.shape                                            # (batch, n, d_model)
@@ -46,7 +48,11 @@ class MultiHeadedAttention(nn.Module):
         q = self.split_heads(self.w_q(query))                            # (batch, h, n_q, d_k)
         k = self.split_heads(self.w_k(key))                              # (batch, h, n_k, d_k)
         v = self.split_heads(self.w_v(value))                            # (batch, h, n_k, d_k)
-        x, self.attn = attention(q, k, v, mask=mask, dropout=self.dropout)  # (batch, h, n_q, d_k)
+        if self.fast:                                                    # same function, fused kernel
+            p = self.dropout.p if self.dropout is not None and self.training else 0.0
+            x, self.attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None
+        else:
+            x, self.attn = attention(q, k, v, mask=mask, dropout=self.dropout)  # (batch, h, n_q, d_k)
         batch, _, n_q, _ = x.shape
         x = x.transpose(1, 2).reshape(batch, n_q, self.h * self.d_k)     # Concat: (batch, n_q, d_model)
         return self.w_o(x)                                               # (batch, n_q, d_model)

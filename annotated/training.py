@@ -60,9 +60,9 @@ class LabelSmoothing(nn.Module):
         self.true_dist = None  # the last target distribution, for pictures (reference path only)
         self.fast = fast       # compute the same loss without materialising q (see below)
 
-    def target_distribution(self, target: torch.Tensor) -> torch.Tensor:
+    def target_distribution(self, target: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
         """(n,) token ids -> (n, size) smoothed distribution q; rows of padding targets are all zero."""
-        q = torch.full((target.size(0), self.size), self.smoothing / (self.size - 2), device=target.device)
+        q = torch.full((target.size(0), self.size), self.smoothing / (self.size - 2), dtype=dtype, device=target.device)
         q.scatter_(1, target.unsqueeze(1), self.confidence)     # 1 - eps on the correct token
         q[:, self.padding_idx] = 0                               # never predict padding
         q[target == self.padding_idx] = 0                        # padding positions carry no loss
@@ -74,7 +74,7 @@ class LabelSmoothing(nn.Module):
             raise ValueError(f"LabelSmoothing: expected log-probabilities over {self.size} tokens, got {x.size(1)}")
         if self.fast:
             return self.closed_form(x, target)
-        self.true_dist = self.target_distribution(target).to(x.dtype)
+        self.true_dist = self.target_distribution(target, x.dtype)
         return self.criterion(x, self.true_dist)
 
     def closed_form(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
