@@ -7,10 +7,12 @@ __all__ = ['multi30k_tokenizer', 'make_batch', 'Multi30kTask', 'multi30k_config'
 # Multi30k en->de as a trainer task: shared BPE tokenizer (cached), token-bucketed batches that
 # are a pure function of the step, the `multi30k` configurations, and `translate`.
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from .data import Tokenizer, cache_dir, load_multi30k, load_tokenizer, train_tokenizer
 from .decoding import beam_search
@@ -92,19 +94,23 @@ CONFIGS["multi30k-cpu"] = multi30k_cpu_config
 # %% ../notebooks/09_multi30k.ipynb #c015
 @torch.no_grad()
 def translate(model, tokenizer: Tokenizer, sentences: list[str], *, beam_size: int = 4, alpha: float = 0.6,
-              batch_size: int = 64, max_len: int | None = None) -> list[str]:
-    """Translate a list of strings with beam search; returns one string per input (empty in, empty out)."""
+              batch_size: int = 64, max_len: int | None = None, progress: bool = False) -> list[str]:
+    """Translate a list of strings with beam search; returns one string per input (empty in, empty out).
+
+    progress=True shows a progress bar over the batches on standard error.
+    """
     device = next(model.parameters()).device
     limit = getattr(model.src_embed[1], "max_len", 5000) - 51       # room for source + 50 output tokens
     encoded = [tokenizer.encode(s) + [EOS] if s.strip() else None for s in sentences]
     for i, e in enumerate(encoded):
         if e is not None and len(e) > limit:
-            raise ValueError(f"translate: line {i + 1} has {len(e)} tokens; this model translates at most {limit} "
-                             f"(its positional table holds {limit + 51} positions). Split the line.")
+            raise ValueError(f"translate: line {i + 1} has {len(e)} tokens (with </s>); this model translates at "
+                             f"most {limit}. Split the line, or train with a larger model.max_len.")
     order = sorted((i for i, e in enumerate(encoded) if e is not None), key=lambda i: len(encoded[i]))
     out = [""] * len(sentences)
     model.eval()
-    for k in range(0, len(order), batch_size):
+    starts = range(0, len(order), batch_size)
+    for k in tqdm(starts, desc="translating", unit="batch", file=sys.stderr, disable=not progress or len(starts) < 2):
         ids = order[k:k + batch_size]
         batch = make_batch([encoded[i] for i in ids])
         hyps = beam_search(model, batch.src.to(device), batch.src_mask.to(device), max_len, BOS, EOS,

@@ -251,7 +251,6 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
         os.replace(tmp, out / "run.json")
     ddp_model = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     autocast = _autocast(cfg, device)
-    per_step = world * cfg.accum
     log = open(out / "metrics.jsonl", "a") if rank == 0 else None
     bar = tqdm(total=cfg.max_steps, initial=step, disable=rank != 0 or not progress, unit="step", dynamic_ncols=True)
     start = last_ckpt_time = time.time()
@@ -290,7 +289,7 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
                     last_path = save_checkpoint(out, {
                         "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "step": step, "rng": _rng_state(),
-                        "data": {"task": cfg.task, "next_step": step, "micro_batches_per_step": per_step},
+                        "data": {"task": cfg.task, "next_step": step, "micro_batches_per_step": task.per_step},
                         "config": asdict(cfg), "world_size": world}, cfg.keep_last)
                     last_ckpt_time = time.time()
     finally:

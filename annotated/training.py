@@ -181,7 +181,7 @@ def train_step(model, micro_batches: list[Batch], criterion, optimizer, schedule
         with model.no_sync() if ddp and not last else nullcontext():
             loss = loss_on_batch(model, batch, criterion, autocast=autocast)
             (loss * (world_size / total_tokens)).backward()
-        summed += loss.item()
+        summed = summed + loss.detach()      # stays on the device: one host sync per step, below
     grad_norm = None
     if max_grad_norm is not None:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
@@ -189,7 +189,7 @@ def train_step(model, micro_batches: list[Batch], criterion, optimizer, schedule
     if scheduler is not None:
         scheduler.step()                  # ... and so is the learning-rate schedule
     optimizer.zero_grad(set_to_none=True)
-    return {"loss_sum": summed, "tokens": sum(b.ntokens for b in micro_batches), "grad_norm": grad_norm}
+    return {"loss_sum": float(summed), "tokens": sum(b.ntokens for b in micro_batches), "grad_norm": grad_norm}
 
 # %% ../notebooks/06_training.ipynb #c030
 @torch.no_grad()

@@ -13,7 +13,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from .decoding import average_checkpoints
 from .model import ModelConfig, make_model
@@ -87,17 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model, tokenizer, _ = load_model(args.checkpoint, device)
         lines = sys.stdin.read().splitlines()
-        limit = model.src_embed[1].max_len - 51          # room for the source and 50 more output tokens
-        for i, line in enumerate(lines, 1):
-            n = len(tokenizer.encode(line)) + 1 if line.strip() else 0
-            if n > limit:
-                raise ValueError(f"line {i} has {n} tokens (with </s>); this model translates at most {limit}. "
-                                 f"Split the line, or train with a larger model.max_len.")
-        out, chunk = [], 256
-        for k in tqdm(range(0, len(lines), chunk), desc="translating", unit="chunk", file=sys.stderr,
-                      disable=len(lines) <= chunk):
-            out += translate(model, tokenizer, lines[k:k + chunk], beam_size=args.beam, alpha=args.alpha,
-                             batch_size=args.batch_size)
+        out = translate(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha, batch_size=args.batch_size,
+                        progress=True)
     except (TrainingError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
