@@ -80,7 +80,6 @@ class ModelConfig:
     norm_first: bool = False          # False: post-norm as in the paper; True: pre-norm
     learned_positions: bool = False   # False: sinusoid (paper 3.5); True: learned (Table 3 row E)
     max_len: int = 5000               # longest sequence the positional table covers
-    fast_attention: bool = False      # fused scaled_dot_product_attention (same function, chapter 2)
 
 
 TRANSFORMER_BASE = ModelConfig()
@@ -90,7 +89,7 @@ TRANSFORMER_BIG = ModelConfig(d_model=1024, d_ff=4096, h=16, dropout=0.3)
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048, h: int = 8,
                dropout: float = 0.1, *, attn_dropout: float = 0.0, ffn_dropout: float = 0.0,
                share_embeddings: bool = True, norm_first: bool = False, learned_positions: bool = False,
-               max_len: int = 5000, fast_attention: bool = False) -> EncoderDecoder:
+               max_len: int = 5000) -> EncoderDecoder:
     """Build the Transformer. Defaults are the paper's base model; see `ModelConfig` for each field."""
     if d_model % h != 0:
         raise ValueError(f"make_model: d_model={d_model} must be divisible by h={h} so that each head gets "
@@ -101,7 +100,7 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
         if size < 1:
             raise ValueError(f"make_model: {name} must be a positive integer, got {size}.")
     c = copy.deepcopy
-    attn = MultiHeadedAttention(h, d_model, attn_dropout, fast=fast_attention)
+    attn = MultiHeadedAttention(h, d_model, attn_dropout)
     ff = PositionwiseFeedForward(d_model, d_ff, ffn_dropout)
     Position = LearnedPositionalEncoding if learned_positions else PositionalEncoding
     position = Position(d_model, dropout, max_len)

@@ -34,20 +34,35 @@ class MultiHeadedAttention(nn.Module):
         self.w_o = nn.Linear(d_model, d_model)  # W^O
         self.dropout = nn.Dropout(dropout) if dropout > 0 else None  # on the attention weights
         self.attn = None  # last attention weights, (batch, h, n_q, n_k), for pictures
-        self.fast = fast  # use PyTorch's fused scaled_dot_product_attention (no weights kept)
+        self.fast = fast  # fused projections and scaled_dot_product_attention (no weights kept)
 
     def split_heads(self, x):
         batch, n, _ = x.shape                                            # (batch, n, d_model)
         return x.view(batch, n, self.h, self.d_k).transpose(1, 2)        # (batch, h, n, d_k)
+
+    def project(self, query, key, value):
+        """Q W^Q, K W^K, V W^V: (batch, n, d_model) each. The fast path multiplies an input once by
+        the projections that share it, stacked: all three in self-attention, K and V in
+        encoder-decoder attention. Same parameters, same function, fewer and larger matmuls."""
+        if not self.fast:
+            return self.w_q(query), self.w_k(key), self.w_v(value)
+        if query is key and key is value:                                # self-attention
+            layers = (self.w_q, self.w_k, self.w_v)
+            w = torch.cat([m.weight for m in layers])                    # (3 d_model, d_model)
+            b = torch.cat([m.bias for m in layers])
+            return F.linear(query, w, b).chunk(3, dim=-1)                # 3 x (batch, n, d_model)
+        if key is value:                                                 # encoder-decoder attention
+            w = torch.cat([self.w_k.weight, self.w_v.weight])            # (2 d_model, d_model)
+            b = torch.cat([self.w_k.bias, self.w_v.bias])
+            return (self.w_q(query), *F.linear(key, w, b).chunk(2, dim=-1))
+        return self.w_q(query), self.w_k(key), self.w_v(value)
 
     def forward(self, query, key, value, mask=None):
         """query: (batch, n_q, d_model); key, value: (batch, n_k, d_model);
         mask: (batch or 1, n_q or 1, n_k), True where attending is allowed."""
         if mask is not None:
             mask = mask.unsqueeze(1)                                     # same mask for every head
-        q = self.split_heads(self.w_q(query))                            # (batch, h, n_q, d_k)
-        k = self.split_heads(self.w_k(key))                              # (batch, h, n_k, d_k)
-        v = self.split_heads(self.w_v(value))                            # (batch, h, n_k, d_k)
+        q, k, v = map(self.split_heads, self.project(query, key, value))  # each (batch, h, n, d_k)
         if self.fast:                                                    # same function, fused kernel
             p = self.dropout.p if self.dropout is not None and self.training else 0.0
             x, self.attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None

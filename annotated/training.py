@@ -48,7 +48,7 @@ class Batch:
 class LabelSmoothing(nn.Module):
     """KL(q || p) summed over positions, with q the label-smoothed target distribution (paper 5.4)."""
 
-    def __init__(self, size: int, padding_idx: int, smoothing: float = 0.1, *, fast: bool = False):
+    def __init__(self, size: int, padding_idx: int, smoothing: float = 0.1):
         super().__init__()
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"LabelSmoothing: smoothing must be in [0, 1), got {smoothing}")
@@ -57,8 +57,7 @@ class LabelSmoothing(nn.Module):
         self.criterion = nn.KLDivLoss(reduction="sum")
         self.size, self.padding_idx = size, padding_idx
         self.smoothing, self.confidence = smoothing, 1.0 - smoothing
-        self.true_dist = None  # the last target distribution, for pictures (reference path only)
-        self.fast = fast       # compute the same loss without materialising q (see below)
+        self.true_dist = None  # the last target distribution, for pictures
 
     def target_distribution(self, target: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
         """(n,) token ids -> (n, size) smoothed distribution q; rows of padding targets are all zero."""
@@ -72,22 +71,9 @@ class LabelSmoothing(nn.Module):
         """x: (n, size) log-probabilities; target: (n,) token ids -> scalar summed loss."""
         if x.size(1) != self.size:
             raise ValueError(f"LabelSmoothing: expected log-probabilities over {self.size} tokens, got {x.size(1)}")
-        if self.fast:
-            return self.closed_form(x, target)
         self.true_dist = self.target_distribution(target, x.dtype)
         return self.criterion(x, self.true_dist)
 
-    def closed_form(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The same KL(q || p) without building q: sum_k q_k log q_k - sum_k q_k log p_k, row by row."""
-        eps, conf = self.smoothing / (self.size - 2), self.confidence
-        keep = target != self.padding_idx                                      # (n,)
-        x, target = x[keep], target[keep]                                      # drop padding rows
-        log_p_target = x.gather(1, target[:, None]).squeeze(1)                 # (n,)
-        rest = x.sum(1) - log_p_target - x[:, self.padding_idx]                # sum over the other V-2 tokens
-        cross = -(conf * log_p_target + eps * rest).sum()                      # -sum_k q_k log p_k
-        entropy = -(conf * math.log(conf) if conf > 0 else 0.0) - (
-            (self.size - 2) * eps * math.log(eps) if eps > 0 else 0.0)
-        return cross - entropy * keep.sum()
 
 # %% ../notebooks/06_training.ipynb #c017
 def rate(step: int, model_size: int, factor: float = 1.0, warmup: int = 4000) -> float:
@@ -154,12 +140,19 @@ class TokenBatchSampler:
 
 # %% ../notebooks/06_training.ipynb #c026
 def loss_on_batch(model, batch: Batch, criterion, *, autocast=None):
-    """Summed label-smoothed loss of one batch (model may be DDP-wrapped)."""
+    """Summed label-smoothed loss of one batch (model may be DDP-wrapped).
+
+    A criterion marked `fused` (chapter 6b) takes the decoder output and the generator, and
+    computes projection, log-softmax and loss together; the reference criterion takes log-probabilities.
+    """
     core = model.module if hasattr(model, "module") else model
     with autocast or nullcontext():
         out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)   # (batch, n_tgt, d_model)
+        if getattr(criterion, "fused", False):
+            return criterion(out, batch.tgt_y, core.generator)
         log_probs = core.generator(out)                                      # (batch, n_tgt, vocab)
-    return criterion(log_probs.float().reshape(-1, log_probs.size(-1)), batch.tgt_y.reshape(-1))
+    log_probs = log_probs.to(torch.promote_types(log_probs.dtype, torch.float32))   # bf16 -> float32, float64 stays
+    return criterion(log_probs.reshape(-1, log_probs.size(-1)), batch.tgt_y.reshape(-1))
 
 
 def train_step(model, micro_batches: list[Batch], criterion, optimizer, scheduler=None, *,

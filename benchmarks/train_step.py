@@ -1,22 +1,41 @@
-"""Time one training step (forward, loss, backward, Adam) of three implementations on the same batches.
+"""Time training steps of the reference path, each stage of the fast path, and torch.nn.Transformer,
+in one run on the same batches; then time cached against uncached beam search.
 
-    python benchmarks/train_step.py                  # the Multi30k CPU configuration
-    python benchmarks/train_step.py --quick          # a few seconds, for CI
-    python benchmarks/train_step.py --json out.json  # also write the figures, with provenance
+    python benchmarks/train_step.py                              # Multi30k CPU sizes (chapter 9)
+    python benchmarks/train_step.py --quick                      # seconds, for CI
+    python benchmarks/train_step.py --preset base --tokens 25000 # the paper's base model (GPU)
+    python benchmarks/train_step.py --json results/benchmarks/cpu-multi30k-cpu.json
 
-1. reference: the book's annotated path (explicit masked softmax, separate Q/K/V projections,
-   KL-divergence label smoothing over the full vocabulary);
-2. fast: the same modules and parameters with `fast_attention=True` (fused
-   scaled_dot_product_attention) and the closed-form label-smoothing loss;
-3. torch: `torch.nn.Transformer` (post-norm, no final LayerNorm) with embeddings, positional
-   encoding and a tied generator of the same sizes, loss `F.cross_entropy(label_smoothing=0.1)`.
+Training paths, each a whole step (forward, loss, backward, Adam):
+1. reference: the book's annotated code (explicit masked softmax, separate Q/K/V projections,
+   KL-divergence label smoothing over the full vocabulary, nn.Dropout);
+2. + fused attention: MultiHeadedAttention(fast=True) (scaled_dot_product_attention, stacked projections);
+3. + fused loss: FusedLabelSmoothing (padding rows skip the output projection; loss and gradient in one step);
+4. fast path: make_fast(model) + FusedLabelSmoothing, i.e. also FastDropout (what the trainer runs);
+5. torch.nn.Transformer (post-norm, no final LayerNorm) with the book's embeddings, positional
+   encoding and a tied output projection of the same sizes, loss F.cross_entropy(label_smoothing).
+   (PyTorch spreads the smoothing mass over all V tokens, the book over V - 2; the cost is the same.)
+With --compile, a sixth path runs the fast path under torch.compile.
 
-All three run in one process, interleaved round by round, on identical batches; the report
-gives medians and the ratios to the reference. Speed goals live here, never in timed tests.
+All paths start from the same weights and run interleaved, round by round, so that drifts of a noisy
+machine hit them alike; the report gives medians and ratios to the reference. On CUDA every path runs
+under bf16 autocast with fused Adam.
+
+Model FLOPs utilisation (MFU) = model FLOPs per second / the device's measured matmul rate, where the
+model FLOPs of a step count only real (non-padding) tokens:
+  6 x (weights of each matrix multiply x the tokens it is applied to)      forward 2, backward 4 per weight
+  + 3 x 4 d_model x (sum of n_q x n_k over sentences) per attention layer  QK^T and AV, forward 4, x3 in all
+with the encoder's weights applied to source tokens, the decoder's (and the output projection's) to
+target tokens, the encoder-decoder attention's K and V projections to source tokens, and causal
+self-attention counting n(n+1)/2 query-key pairs. The matmul rate is measured here on square matrices
+(float32 on CPU, bfloat16 on CUDA).
+
+Speed goals live here, never in timed tests.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import platform
@@ -24,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,8 +55,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from annotated import make_model, subsequent_mask  # noqa: E402
+from annotated.decoding import beam_search  # noqa: E402
 from annotated.embeddings import Embeddings, PositionalEncoding  # noqa: E402
-from annotated.training import PAD, Batch, LabelSmoothing, make_optimizer  # noqa: E402
+from annotated.fast import FusedLabelSmoothing, make_fast  # noqa: E402
+from annotated.multihead import MultiHeadedAttention  # noqa: E402
+from annotated.training import BOS, EOS, PAD, Batch, LabelSmoothing, loss_on_batch, make_optimizer  # noqa: E402
+
+PRESETS = {   # vocab, N, d_model, d_ff, h, target tokens per batch
+    "quick": dict(vocab=500, N=1, d_model=64, d_ff=128, h=4, tokens=400),
+    "multi30k-cpu": dict(vocab=8000, N=3, d_model=256, d_ff=1024, h=4, tokens=2000),
+    "base": dict(vocab=37000, N=6, d_model=512, d_ff=2048, h=8, tokens=25000),
+    "big": dict(vocab=37000, N=6, d_model=1024, d_ff=4096, h=16, tokens=25000),
+}
 
 
 class TorchTransformer(nn.Module):
@@ -52,19 +82,21 @@ class TorchTransformer(nn.Module):
 
     def forward(self, b: Batch):
         n = b.tgt.size(1)
-        y = self.core(self.embed(b.src), self.embed(b.tgt), tgt_mask=~subsequent_mask(n)[0],
+        causal = ~subsequent_mask(n)[0].to(b.tgt.device)
+        y = self.core(self.embed(b.src), self.embed(b.tgt), tgt_mask=causal, tgt_is_causal=True,
                       src_key_padding_mask=b.src == PAD, tgt_key_padding_mask=b.tgt == PAD,
                       memory_key_padding_mask=b.src == PAD)
         return self.out(y)
 
 
 def random_batches(n, vocab, tokens, seed=0):
+    """n batches of about `tokens` target tokens; sentence lengths 3/4 to 1 of the batch's width."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
-        length = int(torch.randint(8, 20, (1,), generator=g))
+        length = int(torch.randint(10, 30, (1,), generator=g))
         rows = max(1, tokens // length)
-        lens = torch.randint(length // 2, length + 1, (rows,), generator=g)
+        lens = torch.randint(length * 3 // 4, length + 1, (rows,), generator=g)
         src = torch.randint(3, vocab, (rows, length), generator=g)
         tgt = torch.randint(3, vocab, (rows, length + 1), generator=g)
         for i, m in enumerate(lens.tolist()):
@@ -74,76 +106,205 @@ def random_batches(n, vocab, tokens, seed=0):
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny model and few steps (seconds)")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", type=Path, help="write the figures here")
-    args = ap.parse_args(argv)
-    if args.quick:
-        vocab, N, d, d_ff, h, tokens, rounds = 500, 1, 64, 128, 4, 400, 2
-    else:   # the Multi30k CPU configuration (chapter 9)
-        vocab, N, d, d_ff, h, tokens, rounds = 8000, 3, 256, 1024, 4, 2000, args.rounds
+def model_flops(b: Batch, *, vocab, N, d_model, d_ff, **_) -> float:
+    """Training FLOPs of one step on batch b, padding excluded (formula in the module docstring)."""
+    s = (b.src != PAD).sum(1).double()                     # source lengths
+    t = (b.tgt_y != PAD).sum(1).double()                   # target lengths
+    S, T = s.sum().item(), t.sum().item()
+    d = d_model
+    enc = N * (4 * d * d + 2 * d * d_ff) * S
+    dec = N * ((4 * d * d + 2 * d * d + 2 * d * d_ff) * T + 2 * d * d * S)   # self (4), cross Q,O (2); K,V on source
+    linear = 6 * (enc + dec + d * vocab * T)
+    pairs = N * ((s * s).sum() + (t * (t + 1) / 2).sum() + (t * s).sum()).item()
+    return linear + 3 * 4 * d * pairs
+
+
+def matmul_rate(device) -> float:
+    """Measured FLOP/s of a large square matmul: float32 on CPU, bfloat16 on CUDA."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (1024, torch.float32)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        a @ b
+    sync()
+    reps, t = 0, time.perf_counter()
+    while time.perf_counter() - t < 1.0 or reps < 3:
+        a @ b
+        reps += 1
+        sync()
+    return 2 * n ** 3 * reps / (time.perf_counter() - t)
+
+
+def provenance(command: str, device) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit, dirty = "unknown", ""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    return {"command": command, "commit": commit + ("+uncommitted changes" if dirty else ""),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": name,
+            "torch": torch.__version__}
+
+
+def time_training(cfg, device, rounds, n_batches, *, compile_fast=False):
+    vocab, N, d, d_ff, h = cfg["vocab"], cfg["N"], cfg["d_model"], cfg["d_ff"], cfg["h"]
     torch.manual_seed(0)
-    ref = make_model(vocab, vocab, N=N, d_model=d, d_ff=d_ff, h=h, dropout=0.1)
-    fast = make_model(vocab, vocab, N=N, d_model=d, d_ff=d_ff, h=h, dropout=0.1, fast_attention=True)
-    fast.load_state_dict(ref.state_dict())
-    tor = TorchTransformer(vocab, N, d, d_ff, h, 0.1)
-    crit_ref, crit_fast = LabelSmoothing(vocab, PAD, 0.1), LabelSmoothing(vocab, PAD, 0.1, fast=True)
+    base = make_model(vocab, vocab, N=N, d_model=d, d_ff=d_ff, h=h, dropout=0.1).to(device)
+    attn_only = copy.deepcopy(base)
+    for m in attn_only.modules():
+        if isinstance(m, MultiHeadedAttention):
+            m.fast = True
+    models = {"reference": (base, LabelSmoothing(vocab, PAD, 0.1)),
+              "+ fused attention": (attn_only, LabelSmoothing(vocab, PAD, 0.1)),
+              "+ fused loss": (copy.deepcopy(attn_only), FusedLabelSmoothing(vocab, PAD, 0.1)),
+              "fast path (+ cheap dropout)": (make_fast(copy.deepcopy(base)), FusedLabelSmoothing(vocab, PAD, 0.1))}
+    cuda = device.type == "cuda"
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else nullcontext
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    def step_book(model, crit, opt):
+    def book_step(model, crit, forward=None):
+        opt = make_optimizer(model, d_model=d, fused=True if cuda else None)[0]
+
         def run(b):
-            logp = model.generator(model(b.src, b.tgt, b.src_mask, b.tgt_mask))
-            (crit(logp.reshape(-1, vocab), b.tgt_y.reshape(-1)) / b.ntokens).backward()
-            opt.step(); opt.zero_grad(set_to_none=True)
+            with autocast():
+                out = (forward or model)(b.src, b.tgt, b.src_mask, b.tgt_mask)
+                if getattr(crit, "fused", False):
+                    loss = crit(out, b.tgt_y, model.generator)
+                else:
+                    logp = model.generator(out)
+                    loss = crit(logp.float().reshape(-1, vocab), b.tgt_y.reshape(-1))
+            (loss / b.ntokens).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         return run
 
-    def step_torch(model, opt):
-        def run(b):
-            logits = model(b)
-            F.cross_entropy(logits.reshape(-1, vocab), b.tgt_y.reshape(-1), ignore_index=PAD,
-                            label_smoothing=0.1).backward()
-            opt.step(); opt.zero_grad(set_to_none=True)
-        return run
+    runs = {name: book_step(m, c) for name, (m, c) in models.items()}
+    if compile_fast:
+        m = make_fast(copy.deepcopy(base))
+        runs["fast path + torch.compile"] = book_step(m, FusedLabelSmoothing(vocab, PAD, 0.1),
+                                                      torch.compile(m, dynamic=True))
+    tor = TorchTransformer(vocab, N, d, d_ff, h, 0.1).to(device)
+    tor_opt = make_optimizer(tor, d_model=d, fused=True if cuda else None)[0]
 
-    runs = {"reference": step_book(ref, crit_ref, make_optimizer(ref, d_model=d)[0]),
-            "fast": step_book(fast, crit_fast, make_optimizer(fast, d_model=d)[0]),
-            "torch.nn.Transformer": step_torch(tor, make_optimizer(tor, d_model=d)[0])}
-    batches = random_batches(4, vocab, tokens)
+    def torch_step(b):
+        with autocast():
+            logits = tor(b)
+        F.cross_entropy(logits.float().reshape(-1, vocab), b.tgt_y.reshape(-1), ignore_index=PAD,
+                        label_smoothing=0.1, reduction="sum").div(b.ntokens).backward()
+        tor_opt.step()
+        tor_opt.zero_grad(set_to_none=True)
+    runs["torch.nn.Transformer"] = torch_step
+
+    batches = [b.to(device) for b in random_batches(n_batches, vocab, cfg["tokens"])]
     target_tokens = sum(b.ntokens for b in batches)
-    for run in runs.values():          # warm-up
-        run(batches[0])
+    flops = sum(model_flops(b, **cfg) for b in batches)
+    warmup = {}
+    for name, run in runs.items():          # warm-up (and compilation), on every batch shape
+        t = time.perf_counter()
+        for b in batches:
+            run(b)
+        sync()
+        warmup[name] = time.perf_counter() - t
     times = {k: [] for k in runs}
-    for _ in range(rounds):            # interleaved, so drifts of the machine hit all three alike
+    for _ in range(rounds):                  # interleaved
         for name, run in runs.items():
+            sync()
             t = time.perf_counter()
             for b in batches:
                 run(b)
+            sync()
             times[name].append(time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in times.items()}
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-    except OSError:
-        commit = "unknown"
-    report = {"command": "python benchmarks/train_step.py" + (" --quick" if args.quick else ""),
-              "commit": commit, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "device": "cpu: " + (platform.processor() or platform.machine()) + f", {torch.get_num_threads()} threads",
-              "torch": torch.__version__,
-              "config": dict(vocab=vocab, N=N, d_model=d, d_ff=d_ff, h=h, target_tokens_per_step=target_tokens / 4),
-              "results": {k: {"median_s_per_step": med[k] / len(batches),
-                              "target_tokens_per_s": target_tokens / med[k],
-                              "speed_vs_reference": med["reference"] / med[k]} for k in runs}}
-    print(f"{'path':24} {'s/step':>8} {'tgt tok/s':>10} {'vs reference':>13}")
-    for k, r in report["results"].items():
-        print(f"{k:24} {r['median_s_per_step']:8.3f} {r['target_tokens_per_s']:10,.0f} {r['speed_vs_reference']:12.2f}x")
-    print(f"fast vs torch.nn.Transformer: {med['torch.nn.Transformer'] / med['fast']:.2f}x")
+    rate = matmul_rate(device)
+    results = {k: {"median_s_per_step": med[k] / len(batches),
+                   "target_tokens_per_s": target_tokens / med[k],
+                   "speed_vs_reference": med["reference"] / med[k],
+                   "model_tflops_per_s": flops / med[k] / 1e12,
+                   "mfu": flops / med[k] / rate,
+                   "first_pass_s": warmup[k]} for k in runs}
+    return {"target_tokens_per_step": target_tokens / len(batches), "model_flops_per_step": flops / len(batches),
+            "matmul_tflops_per_s_measured": rate / 1e12, "rounds": rounds, "results": results,
+            "fast_vs_torch": med["torch.nn.Transformer"] / med["fast path (+ cheap dropout)"]}
+
+
+def time_decoding(cfg, device, sentences, out_tokens, rounds):
+    """Cached vs uncached beam search (beam 4, alpha 0.6) on the same sentences, EOS suppressed so that
+    every hypothesis is exactly out_tokens long."""
+    vocab = cfg["vocab"]
+    torch.manual_seed(0)
+    model = make_model(vocab, vocab, N=cfg["N"], d_model=cfg["d_model"], d_ff=cfg["d_ff"], h=cfg["h"]).to(device).eval()
+    with torch.no_grad():
+        model.generator.proj.bias[EOS] = -1e4
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(3, vocab, (sentences, 20), generator=g)
+    src[:, -1] = EOS
+    src = src.to(device)
+    mask = (src != PAD)[:, None]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    outs, times = {}, {True: [], False: []}
+    for _ in range(rounds):
+        for cache in (True, False):
+            sync()
+            t = time.perf_counter()
+            outs[cache] = beam_search(model, src, mask, out_tokens + 1, BOS, EOS, 4, 0.6, use_cache=cache)
+            sync()
+            times[cache].append(time.perf_counter() - t)
+    if outs[True] != outs[False]:
+        raise AssertionError("cached and uncached beam search disagree")
+    lengths = [len(o) for o in outs[True]]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"sentences": sentences, "beam": 4, "alpha": 0.6, "output_tokens_mean": sum(lengths) / len(lengths),
+            "cached_s": med[True], "uncached_s": med[False], "speed_cached_vs_uncached": med[False] / med[True]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="multi30k-cpu")
+    ap.add_argument("--quick", action="store_true", help="same as --preset quick --rounds 2 (seconds)")
+    ap.add_argument("--tokens", type=int, help="target tokens per batch (default: the preset's)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=4, help="batches per round")
+    ap.add_argument("--compile", action="store_true", help="also time the fast path under torch.compile")
+    ap.add_argument("--no-decode", action="store_true", help="skip the beam-search timing")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--json", type=Path, help="write the figures here, with provenance")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.preset, args.rounds = "quick", min(args.rounds, 2)
+    cfg = dict(PRESETS[args.preset])
+    if args.tokens:
+        cfg["tokens"] = args.tokens
+    device = torch.device(args.device)
+    command = "python benchmarks/train_step.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    report = provenance(command.strip(), device)
+    report["preset"], report["config"] = args.preset, cfg
+    report["training"] = time_training(cfg, device, args.rounds, args.batches, compile_fast=args.compile)
+    res = report["training"]["results"]
+    print(f"{report['device']}; preset {args.preset}: {cfg}")
+    print(f"{'path':30} {'s/step':>8} {'tgt tok/s':>11} {'vs reference':>13} {'MFU':>7}")
+    for k, r in res.items():
+        print(f"{k:30} {r['median_s_per_step']:8.3f} {r['target_tokens_per_s']:11,.0f} "
+              f"{r['speed_vs_reference']:12.2f}x {r['mfu']:7.1%}")
+    print(f"fast path vs torch.nn.Transformer: {report['training']['fast_vs_torch']:.2f}x; "
+          f"measured matmul rate {report['training']['matmul_tflops_per_s_measured']:.3f} TFLOP/s")
+    if not args.no_decode:
+        quick = args.preset == "quick"
+        report["decoding"] = time_decoding(cfg, device, 4 if quick else 32, 10 if quick else 50, 1 if quick else 2)
+        dec = report["decoding"]
+        print(f"beam search, {dec['sentences']} sentences x {dec['output_tokens_mean']:.0f} tokens: cached "
+              f"{dec['cached_s']:.2f} s, uncached {dec['uncached_s']:.2f} s ({dec['speed_cached_vs_uncached']:.2f}x)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.json.with_suffix(".tmp")
         tmp.write_text(json.dumps(report, indent=2) + "\n")
         tmp.replace(args.json)
-    assert all(math.isfinite(v) for v in med.values())
+    assert all(math.isfinite(r["median_s_per_step"]) for r in res.values())
     return 0
 
 

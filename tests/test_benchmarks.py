@@ -4,7 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import train_step  # noqa: E402
+
+from annotated.training import PAD, Batch  # noqa: E402
 
 
 def test_train_step_benchmark_quick(tmp_path):
@@ -13,7 +20,26 @@ def test_train_step_benchmark_quick(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert set(report["results"]) == {"reference", "fast", "torch.nn.Transformer"}
-    assert report["results"]["reference"]["speed_vs_reference"] == 1.0
-    assert all(v["target_tokens_per_s"] > 0 for v in report["results"].values())
-    assert {"command", "commit", "date", "device"} <= set(report)
+    res = report["training"]["results"]
+    assert list(res) == ["reference", "+ fused attention", "+ fused loss", "fast path (+ cheap dropout)",
+                         "torch.nn.Transformer"]
+    assert res["reference"]["speed_vs_reference"] == 1.0
+    assert all(v["target_tokens_per_s"] > 0 and 0 < v["mfu"] < 1 for v in res.values())
+    assert {"command", "commit", "date", "device", "torch"} <= set(report)
+    dec = report["decoding"]
+    assert dec["output_tokens_mean"] == 10 and dec["cached_s"] > 0 and dec["uncached_s"] > 0
+
+
+def test_model_flops_counts_real_tokens_only():
+    cfg = dict(vocab=50, N=2, d_model=8, d_ff=16)
+    src = torch.tensor([[5, 6, 7, PAD], [5, 6, PAD, PAD]])
+    tgt = torch.tensor([[1, 5, 6, 2, PAD], [1, 5, 2, PAD, PAD]])
+    b = Batch(src, tgt, PAD)
+    s, t = [3, 2], [3, 2]                     # real source tokens; real target tokens (tgt_y)
+    d, dff, V, N = 8, 16, 50, 2
+    linear = 6 * (N * (4 * d * d + 2 * d * dff) * sum(s) + N * ((6 * d * d + 2 * d * dff) * sum(t) + 2 * d * d * sum(s))
+                  + d * V * sum(t))
+    pairs = N * sum(si * si + ti * (ti + 1) / 2 + ti * si for si, ti in zip(s, t))
+    assert train_step.model_flops(b, **cfg) == linear + 12 * d * pairs
+    wider = Batch(torch.cat([src, torch.full((2, 3), PAD)], 1), torch.cat([tgt, torch.full((2, 3), PAD)], 1), PAD)
+    assert train_step.model_flops(wider, **cfg) == train_step.model_flops(b, **cfg)   # padding costs no model FLOPs

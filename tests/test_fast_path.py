@@ -1,38 +1,67 @@
-"""The fast path (fused attention, closed-form label smoothing) computes the reference function."""
+"""The fast path (chapter 6b) computes the reference function: fused attention and projections, the
+fused label-smoothed loss, and FastDropout (which differs from nn.Dropout only in its random bits)."""
+import copy
+import math
+
 import pytest
 import torch
+from torch import nn
 
-from annotated import make_model, subsequent_mask
-from annotated.training import PAD, Batch, LabelSmoothing
+from annotated import make_model
+from annotated.fast import FastDropout, FusedLabelSmoothing, make_fast
+from annotated.multihead import MultiHeadedAttention
+from annotated.train import build_config, train
+from annotated.training import PAD, Batch, LabelSmoothing, loss_on_batch
 
 TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-5)}
 
 
+def padded_batch(vocab=31, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, vocab, (4, 9), generator=g)
+    tgt = torch.randint(3, vocab, (4, 8), generator=g)
+    src[1, 5:] = PAD; src[3, 2:] = PAD; tgt[2, 4:] = PAD; tgt[3, 1:] = PAD
+    return Batch(src, tgt, PAD)
+
+
+def loss_and_grads(model, crit, b):
+    model.zero_grad()
+    loss = loss_on_batch(model, b, crit)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_fast_model_equals_reference(dtype, norm_first):
+@pytest.mark.parametrize("share", [True, False])
+def test_fast_model_equals_reference(dtype, norm_first, share):
     torch.manual_seed(0)
-    ref = make_model(31, 31, N=2, d_model=32, d_ff=64, h=4, dropout=0.0, norm_first=norm_first).to(dtype)
-    fast = make_model(31, 31, N=2, d_model=32, d_ff=64, h=4, dropout=0.0, norm_first=norm_first,
-                      fast_attention=True).to(dtype)
-    fast.load_state_dict(ref.state_dict())
-    src = torch.randint(3, 31, (4, 9)); tgt = torch.randint(3, 31, (4, 8))
-    src[1, 5:] = PAD; src[3, 2:] = PAD; tgt[2, 4:] = PAD; tgt[3, 1:] = PAD
-    b = Batch(src, tgt, PAD)
-    losses = []
-    for model, fast_loss in ((ref, False), (fast, True)):
-        crit = LabelSmoothing(31, PAD, 0.1, fast=fast_loss)
-        logp = model.generator(model(b.src, b.tgt, b.src_mask, b.tgt_mask))
-        loss = crit(logp.reshape(-1, 31), b.tgt_y.reshape(-1))
-        loss.backward()
-        losses.append(loss.detach())
-    torch.testing.assert_close(losses[1], losses[0], **TOL[dtype])
-    for (name, p_ref), p_fast in zip(ref.named_parameters(), fast.parameters()):
-        torch.testing.assert_close(p_fast.grad, p_ref.grad, **TOL[dtype], msg=name)
+    ref = make_model(31, 31, N=2, d_model=32, d_ff=64, h=4, dropout=0.0, norm_first=norm_first,
+                     share_embeddings=share).to(dtype)
+    fast = make_fast(copy.deepcopy(ref))
+    b = padded_batch()
+    loss_ref, g_ref = loss_and_grads(ref, LabelSmoothing(31, PAD, 0.1), b)
+    loss_fast, g_fast = loss_and_grads(fast, FusedLabelSmoothing(31, PAD, 0.1), b)
+    torch.testing.assert_close(loss_fast, loss_ref, **TOL[dtype])
+    assert g_fast.keys() == g_ref.keys()
+    for name in g_ref:
+        torch.testing.assert_close(g_fast[name], g_ref[name], **TOL[dtype], msg=name)
+
+
+def test_make_fast_keeps_parameters_and_swaps_every_dropout():
+    ref = make_model(11, 11, N=2, d_model=16, d_ff=32, h=2, dropout=0.2, attn_dropout=0.1)
+    fast = make_fast(copy.deepcopy(ref))
+    assert fast.state_dict().keys() == ref.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), ref.state_dict().values()))
+    drops = [m for m in fast.modules() if isinstance(m, nn.Dropout)]
+    assert drops and all(type(m) is FastDropout for m in drops)
+    assert sorted(m.p for m in drops) == sorted(m.p for m in ref.modules() if isinstance(m, nn.Dropout))
+    assert all(m.fast for m in fast.modules() if isinstance(m, MultiHeadedAttention))
+    ref.load_state_dict(fast.state_dict())                # checkpoints move both ways
 
 
 def test_fast_attention_keeps_no_weights_and_respects_dropout_mode():
-    model = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2, dropout=0.0, attn_dropout=0.5, fast_attention=True)
+    model = make_fast(make_model(11, 11, N=1, d_model=16, d_ff=32, h=2, dropout=0.0, attn_dropout=0.5))
     src = torch.randint(3, 11, (2, 6))
     model.eval()
     a = model.encode(src, (src != PAD)[:, None])
@@ -43,13 +72,87 @@ def test_fast_attention_keeps_no_weights_and_respects_dropout_mode():
     assert not torch.equal(model.encode(src, (src != PAD)[:, None]), a)   # attention dropout is applied
 
 
-@pytest.mark.parametrize("V,eps", [(5, 0.1), (12, 0.0), (40, 0.3)])
-def test_closed_form_label_smoothing(V, eps):
-    x = torch.randn(64, V, dtype=torch.float64).log_softmax(-1).requires_grad_(True)
-    t = torch.randint(0, V, (64,))
-    slow = LabelSmoothing(V, 0, eps)(x, t)
-    g_slow, = torch.autograd.grad(slow, x)
-    fast = LabelSmoothing(V, 0, eps, fast=True)(x, t)
-    g_fast, = torch.autograd.grad(fast, x)
-    torch.testing.assert_close(fast, slow, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(g_fast, g_slow)
+@pytest.mark.parametrize("cross", [False, True])
+def test_stacked_projections_equal_separate_ones(cross):
+    torch.manual_seed(0)
+    ref = MultiHeadedAttention(4, 32, dropout=0.0).double()
+    fast = copy.deepcopy(ref); fast.fast = True
+    x = torch.randn(3, 5, 32, dtype=torch.float64, requires_grad=True)
+    mem = torch.randn(3, 7, 32, dtype=torch.float64, requires_grad=True) if cross else x
+    for got, want in zip(fast.project(x, mem, mem), ref.project(x, mem, mem)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # three different inputs: no stacking possible, still the same
+    y, z = torch.randn(3, 7, 32, dtype=torch.float64), torch.randn(3, 7, 32, dtype=torch.float64)
+    for got, want in zip(fast.project(x, y, z), ref.project(x, y, z)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("V,eps", [(5, 0.1), (12, 0.0), (40, 0.3), (7, 0.99)])
+def test_fused_loss_equals_label_smoothing(V, eps):
+    g = torch.Generator().manual_seed(V)
+    hidden = torch.randn(6, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    target = torch.randint(1, V, (6, 5), generator=g)
+    target[0, 2:] = PAD; target[4, :] = PAD
+    gen = make_model(V, V, N=1, d_model=8, d_ff=16, h=2).generator.double()
+    slow = LabelSmoothing(V, PAD, eps)(gen(hidden).reshape(-1, V), target.reshape(-1))
+    grads_slow = torch.autograd.grad(slow, [hidden, *gen.parameters()])
+    fast = FusedLabelSmoothing(V, PAD, eps)(hidden, target, gen)
+    grads_fast = torch.autograd.grad(fast, [hidden, *gen.parameters()])
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-10)
+    for a, b in zip(grads_fast, grads_slow):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_fused_loss_rejects_a_generator_of_another_size():
+    gen = make_model(9, 9, N=1, d_model=8, d_ff=16, h=2).generator
+    with pytest.raises(ValueError, match="gives 9 logits.*vocabulary of 12"):
+        FusedLabelSmoothing(12, PAD, 0.1)(torch.randn(2, 3, 8), torch.ones(2, 3, dtype=torch.long), gen)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.9])
+def test_fast_dropout_rate_scale_and_seed(p):
+    x = torch.ones(2000, 1000)
+    drop = FastDropout(p)
+    torch.manual_seed(7)
+    y = drop(x)
+    rate = round(p * 65536) / 65536
+    dropped = (y == 0).double().mean().item()
+    assert abs(dropped - rate) < 5 * math.sqrt(rate * (1 - rate) / x.numel())
+    torch.testing.assert_close(y[y != 0], torch.full_like(y[y != 0], 1 / (1 - rate)))
+    torch.manual_seed(7)
+    assert torch.equal(drop(x), y)                            # seeded like any torch RNG
+    assert not torch.equal(drop(x), y)                        # and fresh on the next call
+    assert torch.equal(drop.eval()(x), x)
+
+
+def test_fast_dropout_masks_are_independent_of_position():
+    # every 16-bit lane of the 64-bit draws must be used alike (no lane always kept or dropped)
+    torch.manual_seed(0)
+    y = FastDropout(0.5)(torch.ones(4, 250_000)).reshape(-1, 4)
+    lanes = (y == 0).double().mean(0)
+    assert ((lanes - 0.5).abs() < 0.005).all(), lanes
+
+
+def test_fast_dropout_edge_rates_and_odd_sizes():
+    x = torch.randn(3, 5, 7)                                  # numel not a multiple of 4
+    assert torch.equal(FastDropout(1.0)(x), torch.zeros_like(x))
+    assert torch.equal(FastDropout(0.0)(x), x)
+    y = FastDropout(0.5)(x)
+    assert y.shape == x.shape and ((y == 0) | torch.isclose(y, 2 * x)).all()
+    xg = x.clone().requires_grad_(True)
+    torch.manual_seed(1); out = FastDropout(0.5)(xg)
+    out.sum().backward()
+    assert torch.equal(xg.grad == 0, out == 0)
+
+
+def test_trainer_fast_and_reference_paths_train_alike(tmp_path):
+    """The trainer's fast path (default) and reference path (fast=false) give the same losses without dropout."""
+    runs = {}
+    for fast in ("true", "false"):
+        cfg = build_config("copy", [f"fast={fast}", "max_steps=5", "log_every=1", "checkpoint_every=0"])
+        train(cfg, tmp_path / fast, progress=False)
+        runs[fast] = [float(line.split('"loss": ')[1].split(",")[0])
+                      for line in (tmp_path / fast / "metrics.jsonl").read_text().splitlines()]
+    assert len(runs["true"]) == 5
+    for a, b in zip(runs["true"], runs["false"]):
+        assert math.isclose(a, b, rel_tol=1e-4), runs
