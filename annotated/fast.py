@@ -29,19 +29,19 @@ class SmoothedKL(torch.autograd.Function):
     def forward(ctx, logits, target, smoothing: float, pad: int):
         rows, size = logits.shape                                        # (tokens, vocab): no padding rows
         eps, confidence = smoothing / (size - 2), 1.0 - smoothing
-        lse = torch.logsumexp(logits, dim=1)                             # log sum_k exp z_k: (tokens,)
-        z_y = logits.gather(1, target[:, None]).squeeze(1)               # (tokens,)
-        z_rest = logits.sum(1) - z_y - logits[:, pad]                    # the other V - 2 logits, summed
-        cross = confidence * (lse - z_y) + eps * ((size - 2) * lse - z_rest)   # -sum_k q_k log p_k
-        ctx.save_for_backward(logits, lse, target)
+        log_p = torch.log_softmax(logits, dim=1)                         # one fused kernel: (tokens, vocab)
+        log_p_y = log_p.gather(1, target[:, None]).squeeze(1)            # (tokens,)
+        log_p_rest = log_p.sum(1) - log_p_y - log_p[:, pad]              # the other V - 2 tokens, summed
+        cross = -(confidence * log_p_y + eps * log_p_rest)               # -sum_k q_k log p_k: (tokens,)
+        ctx.save_for_backward(log_p, target)
         ctx.eps, ctx.confidence, ctx.pad = eps, confidence, pad
         return cross.sum() - rows * _smoothing_entropy(confidence, eps, size)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad):
-        logits, lse, target = ctx.saved_tensors
-        g = (logits - lse[:, None]).exp_()                               # p: (tokens, vocab)
+        log_p, target = ctx.saved_tensors
+        g = log_p.exp_()                                                 # p, in place: log p is not needed again
         g.sub_(ctx.eps)                                                  # p - e' ...
         g[:, ctx.pad] += ctx.eps                                         # ... but q_pad = 0
         g.scatter_add_(1, target[:, None], g.new_full((g.size(0), 1), ctx.eps - ctx.confidence))  # q_y = 1 - e

@@ -55,7 +55,7 @@ class TrainConfig:
     # speed (chapter 6b): none of these changes the function being trained
     fast: bool = True                      # make_fast(model) and FusedLabelSmoothing; False: the reference path
     bf16: bool = True                      # bf16 autocast on GPUs that support it (no effect on CPU)
-    fused_adam: bool = True                # one fused Adam kernel on GPU (no effect on CPU)
+    fused_adam: bool = True                # one fused Adam kernel for all parameters (CPU and GPU)
     compile: bool = False                  # torch.compile the model (slower on the book's CPU; see chapter 6b)
 
 
@@ -238,7 +238,7 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
         make_fast(model)                                     # same parameters, same function (chapter 6b)
     optimizer, scheduler = make_optimizer(model, d_model=cfg.model.d_model, factor=cfg.lr_factor, warmup=cfg.warmup,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                                          fused=True if cfg.fused_adam and device.type == "cuda" else None)
+                                          fused=True if cfg.fused_adam else None)
     criterion = (FusedLabelSmoothing if cfg.fast else LabelSmoothing)(task.tgt_vocab, PAD, cfg.label_smoothing)
     step = 0
     if resume_from is not None:

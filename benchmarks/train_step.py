@@ -11,15 +11,16 @@ Training paths, each a whole step (forward, loss, backward, Adam):
    KL-divergence label smoothing over the full vocabulary, nn.Dropout);
 2. + fused attention: MultiHeadedAttention(fast=True) (scaled_dot_product_attention, stacked projections);
 3. + fused loss: FusedLabelSmoothing (padding rows skip the output projection; loss and gradient in one step);
-4. fast path: make_fast(model) + FusedLabelSmoothing, i.e. also FastDropout (what the trainer runs);
-5. torch.nn.Transformer (post-norm, no final LayerNorm) with the book's embeddings, positional
+4. + cheap dropout: make_fast(model) + FusedLabelSmoothing, i.e. also FastDropout;
+5. fast path: + fused Adam (make_optimizer(fused=True)), what the trainer runs by default;
+6. torch.nn.Transformer (post-norm, no final LayerNorm) with the book's embeddings, positional
    encoding and a tied output projection of the same sizes, loss F.cross_entropy(label_smoothing).
    (PyTorch spreads the smoothing mass over all V tokens, the book over V - 2; the cost is the same.)
-With --compile, a sixth path runs the fast path under torch.compile.
+It uses fused Adam too. With --compile, another path runs the fast path under torch.compile.
 
 All paths start from the same weights and run interleaved, round by round, so that drifts of a noisy
 machine hit them alike; the report gives medians and ratios to the reference. On CUDA every path runs
-under bf16 autocast with fused Adam.
+under bf16 autocast, and with fused Adam.
 
 Model FLOPs utilisation (MFU) = model FLOPs per second / the device's measured matmul rate, where the
 model FLOPs of a step count only real (non-padding) tokens:
@@ -163,37 +164,32 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False):
     models = {"reference": (base, LabelSmoothing(vocab, PAD, 0.1)),
               "+ fused attention": (attn_only, LabelSmoothing(vocab, PAD, 0.1)),
               "+ fused loss": (copy.deepcopy(attn_only), FusedLabelSmoothing(vocab, PAD, 0.1)),
-              "fast path (+ cheap dropout)": (make_fast(copy.deepcopy(base)), FusedLabelSmoothing(vocab, PAD, 0.1))}
+              "+ cheap dropout": (make_fast(copy.deepcopy(base)), FusedLabelSmoothing(vocab, PAD, 0.1)),
+              "fast path (+ fused Adam)": (make_fast(copy.deepcopy(base)), FusedLabelSmoothing(vocab, PAD, 0.1))}
     cuda = device.type == "cuda"
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else nullcontext
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (lambda: None)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    def book_step(model, crit, forward=None):
-        opt = make_optimizer(model, d_model=d, fused=True if cuda else None)[0]
+    def book_step(model, crit, forward=None, fused_adam=False):
+        opt = make_optimizer(model, d_model=d, fused=True if fused_adam or cuda else None)[0]
 
         def run(b):
-            with autocast():
-                out = (forward or model)(b.src, b.tgt, b.src_mask, b.tgt_mask)
-                if getattr(crit, "fused", False):
-                    loss = crit(out, b.tgt_y, model.generator)
-                else:
-                    logp = model.generator(out)
-                    loss = crit(logp.float().reshape(-1, vocab), b.tgt_y.reshape(-1))
+            loss = loss_on_batch(forward or model, b, crit, autocast=autocast())
             (loss / b.ntokens).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         return run
 
-    runs = {name: book_step(m, c) for name, (m, c) in models.items()}
+    runs = {name: book_step(m, c, fused_adam=name.startswith("fast path")) for name, (m, c) in models.items()}
     if compile_fast:
         m = make_fast(copy.deepcopy(base))
         runs["fast path + torch.compile"] = book_step(m, FusedLabelSmoothing(vocab, PAD, 0.1),
-                                                      torch.compile(m, dynamic=True))
+                                                      torch.compile(m, dynamic=True), fused_adam=True)
     tor = TorchTransformer(vocab, N, d, d_ff, h, 0.1).to(device)
-    tor_opt = make_optimizer(tor, d_model=d, fused=True if cuda else None)[0]
+    tor_opt = make_optimizer(tor, d_model=d, fused=True)[0]
 
     def torch_step(b):
-        with autocast():
+        with autocast() or nullcontext():
             logits = tor(b)
         F.cross_entropy(logits.float().reshape(-1, vocab), b.tgt_y.reshape(-1), ignore_index=PAD,
                         label_smoothing=0.1, reduction="sum").div(b.ntokens).backward()
@@ -230,7 +226,7 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False):
                    "first_pass_s": warmup[k]} for k in runs}
     return {"target_tokens_per_step": target_tokens / len(batches), "model_flops_per_step": flops / len(batches),
             "matmul_tflops_per_s_measured": rate / 1e12, "rounds": rounds, "results": results,
-            "fast_vs_torch": med["torch.nn.Transformer"] / med["fast path (+ cheap dropout)"]}
+            "fast_vs_torch": med["torch.nn.Transformer"] / med["fast path (+ fused Adam)"]}
 
 
 def time_decoding(cfg, device, sentences, out_tokens, rounds):

@@ -21,7 +21,8 @@ def test_train_step_benchmark_quick(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
     res = report["training"]["results"]
-    assert list(res) == ["reference", "+ fused attention", "+ fused loss", "fast path (+ cheap dropout)",
+    assert list(res) == ["reference", "+ fused attention", "+ fused loss", "+ cheap dropout",
+                         "fast path (+ fused Adam)",
                          "torch.nn.Transformer"]
     assert res["reference"]["speed_vs_reference"] == 1.0
     assert all(v["target_tokens_per_s"] > 0 and 0 < v["mfu"] < 1 for v in res.values())
