@@ -12,6 +12,8 @@ from .decoding import *  # noqa: F401,F403
 from .decoding import __all__ as _decoding_all
 from .embeddings import *  # noqa: F401,F403
 from .embeddings import __all__ as _embeddings_all
+from .evaluate import *  # noqa: F401,F403
+from .evaluate import __all__ as _evaluate_all
 from .fast import *  # noqa: F401,F403
 from .fast import __all__ as _fast_all
 from .layers import *  # noqa: F401,F403
@@ -31,5 +33,5 @@ from .translate import __all__ as _translate_all
 from .viz import *  # noqa: F401,F403
 from .viz import __all__ as _viz_all
 
-__all__ = list(_attention_all) + list(_data_all) + list(_decoding_all) + list(_embeddings_all) + list(_fast_all) + list(_layers_all) + list(_model_all) + list(_multi30k_all) + list(_multihead_all) + list(_train_all) + list(_training_all) + list(_translate_all) + list(_viz_all)
+__all__ = list(_attention_all) + list(_data_all) + list(_decoding_all) + list(_embeddings_all) + list(_evaluate_all) + list(_fast_all) + list(_layers_all) + list(_model_all) + list(_multi30k_all) + list(_multihead_all) + list(_train_all) + list(_training_all) + list(_translate_all) + list(_viz_all)
 __version__ = "0.1.0"

@@ -223,8 +223,10 @@ def _check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
     return existing[-1]
 
 
-def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = True) -> dict:
-    """Train according to `cfg`, writing checkpoints and metrics under `out_dir`. Returns a summary."""
+def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = True, command: str | None = None) -> dict:
+    """Train according to `cfg`, writing checkpoints and metrics under `out_dir`. Returns a summary.
+
+    `command`, if given, is recorded in run.json (the command line uses it for provenance)."""
     rank, world, device = setup_distributed()
     out = Path(out_dir)
     resume_from = _check_out_dir(out, cfg, resume)
@@ -254,7 +256,9 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         tmp = out / "run.json.tmp"
-        tmp.write_text(json.dumps({"config": asdict(cfg), "world_size": world, "device": str(device)}, indent=2))
+        tmp.write_text(json.dumps({"config": asdict(cfg), "world_size": world, "command": command,
+                                   "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                                   "torch": torch.__version__}, indent=2))
         os.replace(tmp, out / "run.json")
     ddp_model = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     if cfg.compile:
@@ -326,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = build_config(args.config, args.set + ([f"max_steps={args.max_steps}"] if args.max_steps else []))
-        train(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+        command = " ".join(["python -m annotated.train", *(sys.argv[1:] if argv is None else argv)])
+        train(cfg, args.out, resume=args.resume, progress=not args.no_progress, command=command)
     except (ConfigError, TrainingError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

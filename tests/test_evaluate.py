@@ -1,0 +1,66 @@
+"""Chapter 9b: scoring a run (averaged checkpoints, beam search, two BLEUs) and writing its results."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from annotated import evaluate
+from annotated.decoding import sacrebleu_score
+from annotated.train import TrainingError, build_config, train
+
+
+def test_lowercase_tokenized_bleu():
+    refs = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee, hinter dem Haus."]
+    assert evaluate.lowercase_tokenized_bleu(refs, refs)[0] == pytest.approx(100)
+    shouted = [r.upper() for r in refs]
+    assert evaluate.lowercase_tokenized_bleu(shouted, refs)[0] == pytest.approx(100)
+    assert sacrebleu_score(shouted, refs)[0] < 50
+    half = ["Ein Mann fährt Fahrrad.", "Eine Katze schläft."]
+    assert 0 < evaluate.lowercase_tokenized_bleu(half, refs)[0] < 100
+    assert "moses-tok:de+lowercase" in evaluate.lowercase_tokenized_bleu(refs, refs)[1]
+    with pytest.raises(ValueError, match="1 hypotheses but 2 references"):
+        evaluate.lowercase_tokenized_bleu(refs[:1], refs)
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "copy"
+    cfg = build_config("copy", ["max_steps=400", "checkpoint_every=100", "model.max_len=64"])
+    train(cfg, out, progress=False, command="python -m annotated.train --config copy (test)")
+    return out
+
+
+def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
+    pairs = [("3 4 5 6", "3 4 5 6"), ("7 8 9", "7 8 9"), ("10 11 12 3 4", "10 11 12 3 4"), ("5 5 6", "5 5 6")]
+    monkeypatch.setitem(evaluate.TEST_SETS, "copy", {"toy": lambda: pairs})
+    report = evaluate.evaluate_run(copy_run, last=3)
+    assert report["checkpoints"] == ["ckpt_00000200.pt", "ckpt_00000300.pt", "ckpt_00000400.pt"]
+    toy = report["tests"]["toy"]
+    assert toy["sentences"] == 4 and toy["sacrebleu"] > 50 and "nrefs:1" in toy["sacrebleu_signature"]
+    assert [t["source"] for t in report["translations"]["toy"]] == [s for s, _ in pairs]
+    out = tmp_path / "results"
+    path = evaluate.write_results(out, copy_run, report, command="python -m annotated.evaluate (test)")
+    results = json.loads(path.read_text())
+    assert results["provenance"]["training_command"].startswith("python -m annotated.train --config copy")
+    assert results["provenance"]["device"] == "cpu" and results["provenance"]["commit"]
+    assert results["training"]["steps"] == 400 and results["evaluation"]["tests"]["toy"]["sentences"] == 4
+    assert (out / "toy.hyp").read_text().splitlines() == [t["hypothesis"] for t in report["translations"]["toy"]]
+    assert (out / "samples.tsv").read_text().splitlines()[0] == "source\treference\thypothesis"
+    assert (out / "metrics.jsonl").read_text() == (copy_run / "metrics.jsonl").read_text()
+    assert not list(out.glob("*.tmp"))
+
+
+def test_evaluate_refuses_runs_it_cannot_score(copy_run, tmp_path):
+    with pytest.raises(TrainingError, match="no checkpoints in"):
+        evaluate.evaluate_run(tmp_path)
+    with pytest.raises(TrainingError, match="no test sets are known for task 'copy'"):
+        evaluate.evaluate_run(copy_run)
+    with pytest.raises(TrainingError, match="run.json is missing"):
+        evaluate.write_results(tmp_path / "r", tmp_path, {"translations": {}})
+
+
+def test_cli_reports_a_missing_run(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "annotated.evaluate", "--run", str(tmp_path / "nope")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no checkpoints in" in r.stderr and "train first" in r.stderr
