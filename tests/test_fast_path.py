@@ -156,3 +156,16 @@ def test_trainer_fast_and_reference_paths_train_alike(tmp_path):
     assert len(runs["true"]) == 5
     for a, b in zip(runs["true"], runs["false"]):
         assert math.isclose(a, b, rel_tol=1e-4), runs
+
+
+def test_trainer_compile_switch_trains_the_same_function(tmp_path):
+    """--set compile=true runs the model through torch.compile; without dropout it follows the same losses."""
+    runs = {}
+    for compiled in ("true", "false"):
+        cfg = build_config("copy", [f"compile={compiled}", "max_steps=3", "log_every=1", "checkpoint_every=0",
+                                    "model.N=1", "model.d_model=32", "model.d_ff=64"])
+        train(cfg, tmp_path / compiled, progress=False)
+        runs[compiled] = [float(line.split('"loss": ')[1].split(",")[0])
+                          for line in (tmp_path / compiled / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(runs["true"], runs["false"]):
+        assert math.isclose(a, b, rel_tol=1e-4), runs
