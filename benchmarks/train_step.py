@@ -179,7 +179,7 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False):
         opt = make_optimizer(model, d_model=d, fused=True if fused_adam or cuda else None)[0]
 
         def run(b):
-            loss = loss_on_batch(forward or model, b, crit, autocast=autocast())
+            loss = loss_on_batch(model if forward is None else forward, b, crit, autocast=autocast())
             (loss / b.ntokens).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
