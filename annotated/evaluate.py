@@ -9,7 +9,6 @@ __all__ = ['TEST_SETS', 'lowercase_tokenized_bleu', 'evaluate_run', 'write_resul
 # results with their provenance.  python -m annotated.evaluate --run DIR [--results DIR]
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from sacremoses import MosesTokenizer
 from .data import load_multi30k
 from .decoding import _check_corpora, sacrebleu_score
 from .multi30k import translate
-from .train import TrainingError, checkpoint_paths
+from .train import TrainingError, checkpoint_paths, write_text_atomic
 from .translate import load_model
 
 # %% ../notebooks/09b_multi30k_results.ipynb #c014
@@ -77,12 +76,6 @@ def evaluate_run(run_dir, *, last: int = 5, beam_size: int = 4, alpha: float = 0
     return report
 
 # %% ../notebooks/09b_multi30k_results.ipynb #c023
-def _atomic_write(path: Path, text: str):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _commit() -> str:
     try:
         here = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
@@ -115,13 +108,13 @@ def write_results(out_dir, run_dir, report: dict, *, command: str | None = None,
         "evaluation": {k: report[k] for k in ("checkpoints", "beam_size", "alpha", "tests")},
         "config": run.get("config"),
     }
-    _atomic_write(out_dir / "metrics.jsonl", log)
+    write_text_atomic(out_dir / "metrics.jsonl", log)
     for name, rows in report["translations"].items():
-        _atomic_write(out_dir / f"{name}.hyp", "".join(r["hypothesis"] + "\n" for r in rows))
+        write_text_atomic(out_dir / f"{name}.hyp", "".join(r["hypothesis"] + "\n" for r in rows))
     first = next(iter(report["translations"].values()), [])
-    _atomic_write(out_dir / "samples.tsv", "source\treference\thypothesis\n" + "".join(
+    write_text_atomic(out_dir / "samples.tsv", "source\treference\thypothesis\n" + "".join(
         f"{r['source']}\t{r['reference']}\t{r['hypothesis']}\n" for r in first[:samples]))
-    _atomic_write(out_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(out_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     return out_dir / "results.json"
 
 

@@ -56,12 +56,12 @@ class FusedLabelSmoothing(LabelSmoothing):
 
     def forward(self, hidden: torch.Tensor, target: torch.Tensor, generator) -> torch.Tensor:
         """hidden: (batch, n, d_model); target: (batch, n) ids; generator: the model's Generator."""
+        if generator.proj.out_features != self.size:
+            raise ValueError(f"FusedLabelSmoothing: the generator gives {generator.proj.out_features} logits, "
+                             f"the loss expects a vocabulary of {self.size}")
         keep = target != self.padding_idx                                # (batch, n)
         logits = generator.proj(hidden[keep])                            # (tokens, vocab), real targets only
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # bf16 -> float32
-        if logits.size(1) != self.size:
-            raise ValueError(f"FusedLabelSmoothing: the generator gives {logits.size(1)} logits, the loss "
-                             f"expects a vocabulary of {self.size}")
         return SmoothedKL.apply(logits, target[keep], self.smoothing, self.padding_idx)
 
 # %% ../notebooks/06b_fast_path.ipynb #c013

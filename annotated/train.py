@@ -2,7 +2,8 @@
 
 # %% auto #0
 __all__ = ['CONFIGS', 'TASKS', 'TrainConfig', 'copy_config', 'ConfigError', 'build_config', 'CopyTask', 'setup_distributed',
-           'TrainingError', 'checkpoint_paths', 'save_checkpoint', 'load_checkpoint', 'train', 'main']
+           'TrainingError', 'write_text_atomic', 'checkpoint_paths', 'save_checkpoint', 'load_checkpoint', 'train',
+           'main']
 
 # %% ../notebooks/06c_trainer.ipynb #c002
 # The trainer behind `python -m annotated.train`: named configurations, DistributedDataParallel,
@@ -157,6 +158,14 @@ class TrainingError(RuntimeError):
     """A run that cannot start or continue; the message says what to do."""
 
 
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write text to a temporary name beside `path`, then rename: readers see the old file or the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
 def checkpoint_paths(out: Path) -> list[Path]:
     return sorted((out / "checkpoints").glob("ckpt_*.pt"))
 
@@ -255,11 +264,10 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
         _set_rng_state(state["rng"])
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        tmp = out / "run.json.tmp"
-        tmp.write_text(json.dumps({"config": asdict(cfg), "world_size": world, "command": command,
-                                   "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                                   "torch": torch.__version__}, indent=2))
-        os.replace(tmp, out / "run.json")
+        write_text_atomic(out / "run.json", json.dumps(
+            {"config": asdict(cfg), "world_size": world, "command": command,
+             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+             "torch": torch.__version__}, indent=2))
     ddp_model = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     if cfg.compile:
         ddp_model = torch.compile(ddp_model, dynamic=True)   # batches change shape from step to step

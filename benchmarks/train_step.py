@@ -61,6 +61,7 @@ from annotated.decoding import beam_search  # noqa: E402
 from annotated.embeddings import Embeddings, PositionalEncoding  # noqa: E402
 from annotated.fast import FusedLabelSmoothing, make_fast  # noqa: E402
 from annotated.multihead import MultiHeadedAttention  # noqa: E402
+from annotated.train import write_text_atomic  # noqa: E402
 from annotated.training import BOS, EOS, PAD, Batch, LabelSmoothing, loss_on_batch, make_optimizer  # noqa: E402
 
 PRESETS = {   # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target tokens per batch
@@ -166,11 +167,12 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False):
     for m in attn_only.modules():
         if isinstance(m, MultiHeadedAttention):
             m.fast = True
-    models = {"reference": (base, LabelSmoothing(vocab, PAD, 0.1)),
-              "+ fused attention": (attn_only, LabelSmoothing(vocab, PAD, 0.1)),
-              "+ fused loss": (copy.deepcopy(attn_only), FusedLabelSmoothing(vocab, PAD, 0.1)),
-              "+ cheap dropout": (make_fast(copy.deepcopy(base)), FusedLabelSmoothing(vocab, PAD, 0.1)),
-              "fast path (+ fused Adam)": (make_fast(copy.deepcopy(base)), FusedLabelSmoothing(vocab, PAD, 0.1))}
+    stages = {   # name: (model, criterion, fused Adam)
+        "reference": (base, LabelSmoothing(vocab, PAD, 0.1), False),
+        "+ fused attention": (attn_only, LabelSmoothing(vocab, PAD, 0.1), False),
+        "+ fused loss": (copy.deepcopy(attn_only), FusedLabelSmoothing(vocab, PAD, 0.1), False),
+        "+ cheap dropout": (make_fast(copy.deepcopy(base)), FusedLabelSmoothing(vocab, PAD, 0.1), False),
+        "fast path (+ fused Adam)": (make_fast(copy.deepcopy(base)), FusedLabelSmoothing(vocab, PAD, 0.1), True)}
     cuda = device.type == "cuda"
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (lambda: None)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -185,7 +187,7 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False):
             opt.zero_grad(set_to_none=True)
         return run
 
-    runs = {name: book_step(m, c, fused_adam=name.startswith("fast path")) for name, (m, c) in models.items()}
+    runs = {name: book_step(m, c, fused_adam=fused) for name, (m, c, fused) in stages.items()}
     if compile_fast:
         m = make_fast(copy.deepcopy(base))
         runs["fast path + torch.compile"] = book_step(m, FusedLabelSmoothing(vocab, PAD, 0.1),
@@ -303,9 +305,7 @@ def main(argv=None) -> int:
               f"{dec['cached_s']:.2f} s, uncached {dec['uncached_s']:.2f} s ({dec['speed_cached_vs_uncached']:.2f}x)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        tmp.replace(args.json)
+        write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")
     assert all(math.isfinite(r["median_s_per_step"]) for r in res.values())
     return 0
 

@@ -1,6 +1,7 @@
 """The fast path (chapter 6b) computes the reference function: fused attention and projections, the
 fused label-smoothed loss, and FastDropout (which differs from nn.Dropout only in its random bits)."""
 import copy
+import json
 import math
 
 import pytest
@@ -145,27 +146,25 @@ def test_fast_dropout_edge_rates_and_odd_sizes():
     assert torch.equal(xg.grad == 0, out == 0)
 
 
+def logged_losses(out, steps, *overrides):
+    """Train the copy task for `steps` steps with `overrides`; the loss logged at every step."""
+    cfg = build_config("copy", [f"max_steps={steps}", "log_every=1", "checkpoint_every=0", *overrides])
+    train(cfg, out, progress=False)
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_trainer_fast_and_reference_paths_train_alike(tmp_path):
     """The trainer's fast path (default) and reference path (fast=false) give the same losses without dropout."""
-    runs = {}
-    for fast in ("true", "false"):
-        cfg = build_config("copy", [f"fast={fast}", "max_steps=5", "log_every=1", "checkpoint_every=0"])
-        train(cfg, tmp_path / fast, progress=False)
-        runs[fast] = [float(line.split('"loss": ')[1].split(",")[0])
-                      for line in (tmp_path / fast / "metrics.jsonl").read_text().splitlines()]
-    assert len(runs["true"]) == 5
-    for a, b in zip(runs["true"], runs["false"]):
-        assert math.isclose(a, b, rel_tol=1e-4), runs
+    fast, ref = logged_losses(tmp_path / "fast", 5, "fast=true"), logged_losses(tmp_path / "ref", 5, "fast=false")
+    assert len(fast) == 5
+    for a, b in zip(fast, ref):
+        assert math.isclose(a, b, rel_tol=1e-4), (fast, ref)
 
 
 def test_trainer_compile_switch_trains_the_same_function(tmp_path):
     """--set compile=true runs the model through torch.compile; without dropout it follows the same losses."""
-    runs = {}
-    for compiled in ("true", "false"):
-        cfg = build_config("copy", [f"compile={compiled}", "max_steps=3", "log_every=1", "checkpoint_every=0",
-                                    "model.N=1", "model.d_model=32", "model.d_ff=64"])
-        train(cfg, tmp_path / compiled, progress=False)
-        runs[compiled] = [float(line.split('"loss": ')[1].split(",")[0])
-                          for line in (tmp_path / compiled / "metrics.jsonl").read_text().splitlines()]
-    for a, b in zip(runs["true"], runs["false"]):
-        assert math.isclose(a, b, rel_tol=1e-4), runs
+    small = ["model.N=1", "model.d_model=32", "model.d_ff=64"]
+    compiled, plain = logged_losses(tmp_path / "c", 3, "compile=true", *small), logged_losses(tmp_path / "p", 3, *small)
+    assert len(compiled) == 3
+    for a, b in zip(compiled, plain):
+        assert math.isclose(a, b, rel_tol=1e-4), (compiled, plain)
