@@ -137,6 +137,12 @@ def setup_distributed() -> tuple[int, int, torch.device]:
     cuda = torch.cuda.is_available()
     if world > 1:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if cuda and per_node > torch.cuda.device_count():
+            raise TrainingError(f"torchrun started {per_node} processes on this machine, but it has "
+                                f"{torch.cuda.device_count()} GPU(s); pass --nproc_per_node "
+                                f"{torch.cuda.device_count()}, or hide the GPUs (CUDA_VISIBLE_DEVICES=) "
+                                f"to train on CPU processes.")
         if cuda:
             torch.cuda.set_device(local_rank)
         if not dist.is_initialized():

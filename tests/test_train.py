@@ -14,8 +14,8 @@ TINY = ["--set", "model.N=1", "--set", "model.d_model=16", "--set", "model.d_ff=
         "--set", "batch_sentences=8", "--set", "log_every=1"]
 
 
-def run_trainer(*args, launcher=None, timeout=300, check=True):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def run_trainer(*args, launcher=None, timeout=300, check=True, **env_extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
     cmd = (launcher or [sys.executable, "-m"]) + ["annotated.train", "--no-progress", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if check:
@@ -30,9 +30,12 @@ def final_weights(out: Path) -> dict:
 
 def test_two_processes_equal_one_process_with_accumulation(tmp_path):
     common = TINY + ["--set", "max_steps=6", "--set", "warmup=3"]
-    run_trainer("--config", "copy", "--out", str(tmp_path / "one"), "--set", "accum=2", *common)
+    # both on CPU (gloo), also on a machine with a GPU: the test is about the arithmetic of DDP
+    run_trainer("--config", "copy", "--out", str(tmp_path / "one"), "--set", "accum=2", *common,
+                CUDA_VISIBLE_DEVICES="")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
-    r = run_trainer("--config", "copy", "--out", str(tmp_path / "two"), *common, launcher=torchrun)
+    r = run_trainer("--config", "copy", "--out", str(tmp_path / "two"), *common, launcher=torchrun,
+                    CUDA_VISIBLE_DEVICES="")
     assert json.loads((tmp_path / "two" / "run.json").read_text())["world_size"] == 2
     one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     assert one.keys() == two.keys()
