@@ -27,6 +27,12 @@ def cuda_batch(vocab=31, seed=0):
     return Batch(src, tgt, PAD).to(CUDA)
 
 
+def noise_only(name: str) -> bool:
+    """The key projections' biases get a gradient of exactly zero in exact arithmetic (softmax ignores a
+    shift shared by every key), so theirs is rounding noise, about 1e-16 in float64: not comparable."""
+    return name.endswith("w_k.bias")
+
+
 def loss_and_grads(model, crit, b, autocast=None):
     model.zero_grad()
     loss = loss_on_batch(model, b, crit, autocast=autocast)
@@ -59,6 +65,8 @@ def test_bf16_autocast_fused_loss_is_float32_and_close_to_float32_loss():
     assert abs(l16.item() - l32.item()) / l32.item() < 2e-2
     for name in g32:
         assert torch.isfinite(g16[name]).all(), name
+        if noise_only(name):
+            continue
         cos = torch.nn.functional.cosine_similarity(g16[name].flatten().float(), g32[name].flatten(), dim=0)
         assert cos > 0.98, (name, float(cos))
 
@@ -86,6 +94,8 @@ def test_fused_adam_equals_foreach_adam():
             opt.step()
             opt.zero_grad()
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        if noise_only(name):   # Adam scales its noise gradient up to full-size steps: any rounding shows
+            continue
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
 

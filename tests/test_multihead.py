@@ -67,3 +67,14 @@ def test_matches_single_attention_when_one_head():
 def test_indivisible_heads_rejected():
     with pytest.raises(ValueError, match="not divisible by h=6"):
         MultiHeadedAttention(6, 512)
+
+
+def test_key_bias_gradient_is_zero_in_exact_arithmetic():
+    """Softmax ignores a shift shared by every key, so the key projection's bias has no gradient; the
+    CUDA tests rely on this when they leave that bias out of their comparisons."""
+    torch.manual_seed(0)
+    mha = MultiHeadedAttention(4, 32, dropout=0.0).double()
+    x = torch.randn(3, 7, 32, dtype=torch.float64)
+    mha(x, x, x).pow(2).sum().backward()
+    assert mha.w_k.bias.grad.abs().max() < 1e-12
+    assert mha.w_q.bias.grad.abs().max() > 1e-3
