@@ -12,9 +12,12 @@ ifneq ($(ANNOTATED_DATA),)
 export ANNOTATED_DATA
 endif
 
-.PHONY: book test install export check-export notebooks clean
+.PHONY: help book test lab install export notebooks clean
 
-install: $(STAMP) book/vendor/MANIFEST.json
+help:                      ## list the targets
+	@grep -E '^[a-z]+:.*## ' Makefile | sed 's/:.*## /\t/'
+
+install: $(STAMP) book/vendor/MANIFEST.json   ## create .venv with everything the book needs
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +29,11 @@ $(STAMP): requirements.txt pyproject.toml
 book/vendor/MANIFEST.json: book/package.json book/package-lock.json tools/vendor_js.py
 	$(PY) tools/vendor_js.py
 
-book: install
+book: install              ## build the book into _build/html, executing every notebook
 	ANNOTATED_BOOK=1 $(VENV)/bin/jupyter-book build . --warningiserror --keep-going
 	@echo "The book is in _build/html/index.html"
 
-test: install
+test: install              ## every test: unit tests, notebooks under nbval, packaging
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15
 
 export: install            ## after editing a notebook: regenerate annotated/
@@ -39,5 +42,8 @@ export: install            ## after editing a notebook: regenerate annotated/
 notebooks: install         ## re-execute notebooks in place so their stored outputs are fresh
 	$(PY) tools/run_notebooks.py
 
-clean:
+lab: install               ## open the chapters in JupyterLab with the project's environment
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean:                     ## remove the built book and vendored JavaScript
 	rm -rf _build book/vendor book/node_modules

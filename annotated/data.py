@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['REGISTRY', 'DATA_ENV', 'MIRROR_ENV', 'MULTI30K_SPLITS', 'UNK', 'TOKENIZER_OPTIONS', 'MULTI30K_VOCAB_SIZE',
-           'RemoteFile', 'ChecksumError', 'cache_dir', 'data_root', 'sha256_of', 'verify_sha256', 'fetch', 'read_lines',
-           'read_parallel', 'load_multi30k', 'Tokenizer', 'load_tokenizer', 'train_tokenizer']
+           'RemoteFile', 'DataError', 'ChecksumError', 'cache_dir', 'data_root', 'sha256_of', 'verify_sha256', 'fetch',
+           'read_lines', 'read_parallel', 'load_multi30k', 'Tokenizer', 'load_tokenizer', 'train_tokenizer']
 
 # %% ../notebooks/08_multi30k_data.ipynb #c002
 # Data files with their checksums, download and local copies, parallel-text reading, and the
@@ -77,7 +77,11 @@ DATA_ENV = "ANNOTATED_DATA"            # a local data folder; set means "never d
 MIRROR_ENV = "ANNOTATED_DATA_MIRROR"   # optional base URL of a mirror laid out like the data folder
 
 
-class ChecksumError(ValueError):
+class DataError(ValueError):
+    """A data file that is missing, corrupt or malformed; the message names it and says what to do."""
+
+
+class ChecksumError(DataError):
     """A file's SHA-256 is not the one in the registry."""
 
 
@@ -149,7 +153,7 @@ def fetch(relpath: str, *, root: str | Path | None = None, download: bool | None
         download = DATA_ENV not in os.environ
     if not download:
         where = (f"{DATA_ENV}={os.environ[DATA_ENV]}" if DATA_ENV in os.environ else "download=False")
-        raise FileNotFoundError(
+        raise DataError(
             f"{relpath} not found: looked for {path} ({where}; nothing is downloaded then). "
             f"Point {DATA_ENV} at a folder laid out like the official release, with this file at "
             f"<folder>/{relpath}, or unset {DATA_ENV} to download it into {cache_dir()}.")
@@ -173,17 +177,22 @@ MULTI30K_SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr", "test
 def read_lines(path: str | Path) -> list[str]:
     """The lines of a UTF-8 text file (gzipped if it ends in .gz), each stripped of surrounding whitespace."""
     path = Path(path)
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            raw_lines = list(f)                     # binary iteration splits on b"\n" only
+    except (OSError, EOFError) as e:                # missing, unreadable, corrupt or truncated gzip
+        raise DataError(f"{path} cannot be read ({type(e).__name__}: {e}); fetch it again, or check "
+                        f"the folder that {DATA_ENV} points at.") from None
     lines = []
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):   # binary iteration splits on b"\n" only
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}: line {number} is not valid UTF-8 ({e.reason} at byte "
-                                 f"{e.start} of the line: {raw[e.start:e.start + 1]!r})") from None
-            if number == 1:
-                line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the sentence
-            lines.append(line.strip())
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: line {number} is not valid UTF-8 ({e.reason} at byte "
+                            f"{e.start} of the line: {raw[e.start:e.start + 1]!r})") from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")     # a byte-order mark is not part of the sentence
+        lines.append(line.strip())
     return lines
 
 

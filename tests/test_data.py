@@ -73,7 +73,7 @@ def test_corrupted_local_copy_is_reported_with_both_digests(monkeypatch, tmp_pat
 def test_missing_local_copy_names_the_path_and_the_env_var(monkeypatch, tmp_path):
     monkeypatch.setenv("ANNOTATED_DATA", str(tmp_path / "empty"))
     monkeypatch.setattr(data, "_download", lambda *a, **k: pytest.fail("must not download"))
-    with pytest.raises(FileNotFoundError) as err:
+    with pytest.raises(data.DataError) as err:
         fetch(TRAIN_EN)
     message = str(err.value)
     assert str(tmp_path / "empty" / TRAIN_EN) in message

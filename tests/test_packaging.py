@@ -1,0 +1,39 @@
+"""`pip install .` into an empty virtual environment gives a package that imports and whose command
+lines start. torch is installed first, pinned as in requirements.txt: a reader chooses the torch
+build for their machine, and any other specifier here would fetch gigabytes of CUDA wheels."""
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = ["train", "translate", "decoding", "evaluate"]
+
+
+def torch_pin() -> str:
+    pins = [line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
+            if re.match(r"torch==", line.strip())]
+    assert pins, "requirements.txt pins torch exactly"
+    return pins[0]
+
+
+@pytest.mark.slow
+def test_pip_install_into_an_empty_environment(tmp_path):
+    venv.create(tmp_path / "env", with_pip=True)
+    py = str(tmp_path / "env" / "bin" / "python")
+
+    def run(*args, cwd=tmp_path):
+        r = subprocess.run([py, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, " ".join(args) + "\n" + r.stdout[-2000:] + r.stderr[-3000:]
+        return r.stdout
+
+    run("-m", "pip", "install", "--quiet", torch_pin())
+    run("-m", "pip", "install", "--quiet", str(ROOT))
+    # from tmp_path, not the checkout: the installed copy is what is imported
+    where = run("-c", "import annotated; print(annotated.__file__); print(annotated.make_model(11, 11))")
+    assert "site-packages" in where and "EncoderDecoder" in where
+    for name in COMMANDS:
+        assert "usage:" in run("-m", f"annotated.{name}", "--help")
