@@ -2,6 +2,7 @@
 lines start. torch is installed first, pinned as in requirements.txt: a reader chooses the torch
 build for their machine, and any other specifier here would fetch gigabytes of CUDA wheels."""
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -31,7 +32,11 @@ def test_pip_install_into_an_empty_environment(tmp_path):
         return r.stdout
 
     run("-m", "pip", "install", "--quiet", torch_pin())
-    run("-m", "pip", "install", "--quiet", str(ROOT))
+    src = tmp_path / "src"                       # a copy: pip's build folders never land in the checkout
+    shutil.copytree(ROOT / "annotated", src / "annotated", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    run("-m", "pip", "install", "--quiet", str(src))
     # from tmp_path, not the checkout: the installed copy is what is imported
     where = run("-c", "import annotated; print(annotated.__file__); print(annotated.make_model(11, 11))")
     assert "site-packages" in where and "EncoderDecoder" in where
