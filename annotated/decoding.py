@@ -308,6 +308,8 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
+from .data import DataError, read_lines
+
 # `python -m annotated.<module>` imports the package first, whose __init__ imports every module;
 # runpy then warns that the module is already loaded. Harmless for these command lines, so not shown.
 warnings.filterwarnings("ignore", category=RuntimeWarning, message=r"'annotated\.\w+' found in sys\.modules")
@@ -373,8 +375,12 @@ def evaluate_cli(argv: list[str] | None = None) -> int:
     for path in (args.hyp, args.ref):
         if not path.is_file():
             parser.error(f"{path} does not exist or is not a file")
-    hyps = args.hyp.read_text(encoding="utf-8").splitlines()
-    refs = args.ref.read_text(encoding="utf-8").splitlines()
+    try:   # UTF-8 checked line by line, a byte-order mark dropped (it would count as a character)
+        hyps, refs = read_lines(args.hyp), read_lines(args.ref)
+    except DataError as e:
+        parser.error(str(e))
+    if not refs:
+        parser.error(f"{args.ref} is empty; BLEU needs at least one reference sentence.")
     if len(hyps) != len(refs):
         parser.error(f"the files must be parallel, one translation per reference line, but their line counts "
                      f"differ: {len(hyps)} in {args.hyp}, {len(refs)} in {args.ref}.")

@@ -67,7 +67,8 @@ class MultiHeadedAttention(nn.Module):
             p = self.dropout.p if self.dropout is not None and self.training else 0.0
             x, self.attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None
         else:
-            x, self.attn = attention(q, k, v, mask=mask, dropout=self.dropout)  # (batch, h, n_q, d_k)
+            x, p = attention(q, k, v, mask=mask, dropout=self.dropout)   # (batch, h, n_q, d_k)
+            self.attn = p.detach()                       # for pictures: no autograd graph kept alive
         batch, _, n_q, _ = x.shape
         x = x.transpose(1, 2).reshape(batch, n_q, self.h * self.d_k)     # Concat: (batch, n_q, d_model)
         return self.w_o(x)                                               # (batch, n_q, d_model)

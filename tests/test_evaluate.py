@@ -37,7 +37,7 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
     report = evaluate.evaluate_run(copy_run, last=3)
     assert report["checkpoints"] == ["ckpt_00000200.pt", "ckpt_00000300.pt", "ckpt_00000400.pt"]
     toy = report["tests"]["toy"]
-    assert toy["sentences"] == 4 and toy["sacrebleu"] > 50 and "nrefs:1" in toy["sacrebleu_signature"]
+    assert toy["sentences"] == 4 and toy["sacrebleu"] >= 90 and "nrefs:1" in toy["sacrebleu_signature"]
     assert [t["source"] for t in report["translations"]["toy"]] == [s for s, _ in pairs]
     out = tmp_path / "results"
     path = evaluate.write_results(out, copy_run, report, command="python -m annotated.evaluate (test)")
@@ -64,3 +64,45 @@ def test_cli_reports_a_missing_run(tmp_path):
     r = subprocess.run([sys.executable, "-m", "annotated.evaluate", "--run", str(tmp_path / "nope")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "no checkpoints in" in r.stderr and "train first" in r.stderr
+
+
+def test_inputs_are_checked_before_any_decoding(copy_run, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoints").symlink_to(copy_run / "checkpoints")
+    (run / "run.json").write_text((copy_run / "run.json").read_text())
+    good = (copy_run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(good + '{"step": 401, "lo')           # cut short by a kill
+    run_info, metrics, text = evaluate.read_run(run)
+    assert text == good and metrics[-1]["step"] == 400
+    (run / "metrics.jsonl").write_text('{"step": 1, "lo\n' + good)            # damaged in the middle
+    with pytest.raises(TrainingError, match="line 1 is not JSON"):
+        evaluate.read_run(run)
+    decoded = []
+    monkeypatch.setattr(evaluate, "evaluate_run", lambda *a, **k: decoded.append(1))
+    assert evaluate.main(["--run", str(run), "--results", str(tmp_path / "res")]) == 2
+    assert decoded == []
+    (run / "run.json").write_text("")
+    with pytest.raises(TrainingError, match="cannot be read"):
+        evaluate.read_run(run)
+
+
+@pytest.mark.parametrize("flag", [["--last", "0"], ["--beam", "0"], ["--alpha", "nan"]])
+def test_cli_refuses_meaningless_search_settings(tmp_path, flag):
+    r = subprocess.run([sys.executable, "-m", "annotated.evaluate", "--run", str(tmp_path), *flag],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "must be at least 1" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bleu_cli_strips_a_byte_order_mark_and_names_bad_bytes(tmp_path):
+    ref, hyp, bad = tmp_path / "ref.txt", tmp_path / "hyp.txt", tmp_path / "bad.txt"
+    ref.write_text("Ein Hund läuft über die Wiese.\nZwei Katzen schlafen.\n", encoding="utf-8")
+    hyp.write_bytes(b"\xef\xbb\xbf" + ref.read_bytes())
+    bad.write_bytes(b"Ein Hund\xff\nZwei\n")
+
+    def cli(h):
+        return subprocess.run([sys.executable, "-m", "annotated.decoding", "--hyp", str(h), "--ref", str(ref)],
+                              capture_output=True, text=True)
+    assert "sacreBLEU      100.00" in cli(hyp).stdout
+    r = cli(bad)
+    assert r.returncode == 2 and f"{bad}: line 1 is not valid UTF-8" in r.stderr and "Traceback" not in r.stderr

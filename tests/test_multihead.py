@@ -78,3 +78,12 @@ def test_key_bias_gradient_is_zero_in_exact_arithmetic():
     mha(x, x, x).pow(2).sum().backward()
     assert mha.w_k.bias.grad.abs().max() < 1e-12
     assert mha.w_q.bias.grad.abs().max() > 1e-3
+
+
+def test_kept_attention_weights_hold_no_graph_so_the_model_can_be_copied():
+    import copy
+    mha = MultiHeadedAttention(4, 32, dropout=0.0)
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    mha(x, x, x).sum().backward()
+    assert mha.attn is not None and mha.attn.grad_fn is None and not mha.attn.requires_grad
+    copy.deepcopy(mha)                     # fails on a non-leaf tensor that carries a graph
