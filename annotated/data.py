@@ -177,22 +177,21 @@ MULTI30K_SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr", "test
 def read_lines(path: str | Path) -> list[str]:
     """The lines of a UTF-8 text file (gzipped if it ends in .gz), each stripped of surrounding whitespace."""
     path = Path(path)
+    lines = []
     try:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-            raw_lines = list(f)                     # binary iteration splits on b"\n" only
-    except (OSError, EOFError) as e:                # missing, unreadable, corrupt or truncated gzip
+            for number, raw in enumerate(f, start=1):   # binary iteration splits on b"\n" only
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}: line {number} is not valid UTF-8 ({e.reason} at byte "
+                                    f"{e.start} of the line: {raw[e.start:e.start + 1]!r})") from None
+                if number == 1:
+                    line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the sentence
+                lines.append(line.strip())
+    except (OSError, EOFError) as e:                    # missing, unreadable, corrupt or truncated gzip
         raise DataError(f"{path} cannot be read ({type(e).__name__}: {e}); fetch it again, or check "
                         f"the folder that {DATA_ENV} points at.") from None
-    lines = []
-    for number, raw in enumerate(raw_lines, start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: line {number} is not valid UTF-8 ({e.reason} at byte "
-                            f"{e.start} of the line: {raw[e.start:e.start + 1]!r})") from None
-        if number == 1:
-            line = line.removeprefix("\ufeff")     # a byte-order mark is not part of the sentence
-        lines.append(line.strip())
     return lines
 
 

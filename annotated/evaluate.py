@@ -23,7 +23,7 @@ from sacremoses import MosesTokenizer
 from .data import load_multi30k
 from .decoding import _check_corpora, sacrebleu_score
 from .multi30k import translate
-from .train import TrainingError, checkpoint_paths, write_text_atomic
+from .train import TrainingError, checkpoint_paths, read_json, write_text_atomic
 from .translate import load_model
 
 # %% ../notebooks/09b_multi30k_results.ipynb #c014
@@ -94,12 +94,12 @@ def read_run(run_dir) -> tuple[dict, list[dict], str]:
     for needed in ("run.json", "metrics.jsonl"):
         if not (run_dir / needed).is_file():
             raise TrainingError(f"{run_dir / needed} is missing; is {run_dir} the --out folder of a training run?")
+    run = read_json(run_dir / "run.json")
     try:
-        run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
         lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TrainingError(f"{run_dir / 'run.json'} or metrics.jsonl cannot be read ({e}); "
-                            f"they are written by python -m annotated.train.") from None
+    except UnicodeDecodeError as e:
+        raise TrainingError(f"{run_dir / 'metrics.jsonl'} is not UTF-8 ({e}); it is written by "
+                            f"python -m annotated.train.") from None
     metrics = []
     for number, line in enumerate(lines, start=1):
         try:

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['CONFIGS', 'TASKS', 'CHECKPOINT_KEYS', 'TrainConfig', 'copy_config', 'ConfigError', 'validate_config', 'build_config',
            'CopyTask', 'setup_distributed', 'TrainingError', 'write_text_atomic', 'checkpoint_paths', 'save_checkpoint',
-           'load_checkpoint', 'all_finite', 'lock_out_dir', 'train', 'main']
+           'load_checkpoint', 'all_finite', 'lock_out_dir', 'read_json', 'train', 'main']
 
 # %% ../notebooks/06c_trainer.ipynb #c002
 # The trainer behind `python -m annotated.train`: named configurations, DistributedDataParallel,
@@ -188,11 +188,6 @@ class TrainingError(RuntimeError):
     """A run that cannot start or continue; the message says what to do."""
 
 
-def _write_failed(path: Path, e: OSError) -> TrainingError:
-    return TrainingError(f"could not write {path} ({e.strerror or e}); nothing was replaced, the previous "
-                         f"file is intact. Free disk space or choose another --out, then resume.")
-
-
 def write_text_atomic(path: Path, text: str) -> Path:
     """Write text to a temporary name beside `path`, then rename: readers see the old file or the new one."""
     tmp = path.with_name(path.name + ".tmp")
@@ -201,7 +196,8 @@ def write_text_atomic(path: Path, text: str) -> Path:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise _write_failed(path, e) from None
+        raise TrainingError(f"could not write {path} ({e.strerror or e}); nothing was replaced, the previous "
+                            f"file is intact. Free disk space or choose another --out, then resume.") from None
     return path
 
 
@@ -308,7 +304,8 @@ def _autocast(cfg: TrainConfig, device: torch.device):
     return None
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A JSON file written by the trainer (run.json), or a TrainingError that says what to do."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -328,7 +325,7 @@ def _check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
         raise TrainingError(f"--resume: no checkpoint in {out / 'checkpoints'}; run without --resume to start.")
     run_file = out / "run.json"
     if run_file.exists():
-        saved = _read_json(run_file).get("config", {})
+        saved = read_json(run_file).get("config", {})
         mine = asdict(cfg)
         differ = [k for k in ("task", "model", "vocab", "seed") if saved.get(k) != mine.get(k)]
         if differ:
@@ -342,7 +339,7 @@ def _record_run(out: Path, record: dict, step: int):
     run_file = out / "run.json"
     history = []
     if step > 0 and run_file.exists():
-        old = _read_json(run_file)
+        old = read_json(run_file)
         history = old.pop("history", []) + [{**old, "until_step": step}]
     write_text_atomic(run_file, json.dumps({**record, "history": history}, indent=2))
 
@@ -362,7 +359,16 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
     validate_config(cfg)
     rank, world, device = setup_distributed()
     out = Path(out_dir)
-    lock = lock_out_dir(out) if rank == 0 else None       # released when this process ends
+    lock = lock_out_dir(out) if rank == 0 else None       # one trainer per folder
+    try:
+        return _train_locked(cfg, out, rank, world, device, resume, progress, command)
+    finally:                                             # however the run ends, the folder is free again
+        if lock:
+            lock.close()
+
+
+def _train_locked(cfg: TrainConfig, out: Path, rank: int, world: int, device: torch.device, resume: bool,
+                  progress: bool, command: str | None) -> dict:
     resume_from = _check_out_dir(out, cfg, resume)
     for stale in (out / "checkpoints").glob("*.tmp"):    # left by a killed run; we hold the lock
         stale.unlink()
@@ -449,8 +455,6 @@ def train(cfg: TrainConfig, out_dir, *, resume: bool = False, progress: bool = T
         bar.close()
         if log:
             log.close()
-        if lock:
-            lock.close()
     seconds = time.time() - start
     summary = {"steps": step, "seconds": seconds, "last_checkpoint": str(last_path) if last_path else None,
                "loss": loss, "world_size": world, "target_tokens_per_s": run_tokens / seconds if seconds > 0 else 0.0}

@@ -44,8 +44,8 @@ def run(cmd: list[str], timeout: float) -> dict:
     try:
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         code, output = r.returncode, r.stdout + r.stderr
-    except subprocess.TimeoutExpired as e:
-        code, output = "timeout", (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else str(e)
+    except subprocess.TimeoutExpired as e:        # text=True: what it printed so far is a str, or None
+        code, output = "timeout", (e.stdout or "") + (e.stderr or "")
     print(f"[{time.time() - start:6.0f} s] rc={code} {' '.join(cmd)}", flush=True)
     return {"command": " ".join(cmd), "returncode": code, "seconds": round(time.time() - start, 1),
             "output_tail": output[-4000:]}
@@ -102,7 +102,8 @@ def main(argv=None) -> int:
                 report["parts"][preset] = {"25000": single, "3125": shard}
                 if "report" in single and "report" in shard:
                     report["parts"][preset]["projection"] = projection(single, shard)
-    failed = [k for k, v in report["parts"].items() if v.get("returncode", 0) != 0]
+    failed = [k for k, v in report["parts"].items()          # the wmt parts hold one run per batch size
+              if any(r.get("returncode") != 0 for r in ([v] if "returncode" in v else [v["25000"], v["3125"]]))]
     report["failed_parts"] = failed
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -237,3 +237,15 @@ def test_files_that_are_not_checkpoints_or_json_get_messages(tmp_path):
     msg = error_of(run_trainer("--config", "copy", *TINY, "--set", "max_steps=3", "--resume", "--out", str(out),
                                check=False))
     assert "not a checkpoint of this trainer" in msg
+
+
+def test_a_refused_start_releases_the_folder_for_the_same_process(tmp_path):
+    """In a notebook the traceback keeps the failed call's frame alive: the lock must not live in it."""
+    trainer = importlib.import_module("annotated.train")
+    cfg = trainer.build_config("copy", ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2",
+                                        "max_steps=2"])
+    trainer.train(cfg, tmp_path, progress=False)
+    with pytest.raises(trainer.TrainingError, match="already holds checkpoints") as failed:
+        trainer.train(cfg, tmp_path, progress=False)
+    cfg.max_steps = 3
+    assert failed.value is not None and trainer.train(cfg, tmp_path, resume=True, progress=False)["steps"] == 3
