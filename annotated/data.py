@@ -3,7 +3,8 @@
 # %% auto #0
 __all__ = ['REGISTRY', 'DATA_ENV', 'MIRROR_ENV', 'MULTI30K_SPLITS', 'UNK', 'TOKENIZER_OPTIONS', 'MULTI30K_VOCAB_SIZE',
            'RemoteFile', 'DataError', 'ChecksumError', 'cache_dir', 'data_root', 'sha256_of', 'verify_sha256', 'fetch',
-           'read_lines', 'read_parallel', 'load_multi30k', 'Tokenizer', 'load_tokenizer', 'train_tokenizer']
+           'read_lines', 'decode_lines', 'read_parallel', 'load_multi30k', 'Tokenizer', 'load_tokenizer',
+           'train_tokenizer']
 
 # %% ../notebooks/08_multi30k_data.ipynb #c002
 # Data files with their checksums, download and local copies, parallel-text reading, and the
@@ -112,11 +113,12 @@ def verify_sha256(path: str | Path, expected: str) -> None:
         raise ChecksumError(f"SHA-256 mismatch for {path}: expected {expected}, got {actual}.")
 
 
-def _download(url: str, part: Path, size: int, progress: bool, desc: str, timeout: float = 60) -> None:
-    """Fill `part` with the bytes at `url`, resuming from what `part` already holds."""
+def _download(url: str, part: Path, size: int, progress: bool, desc: str, timeout: float = 60) -> int:
+    """Fill `part` with the bytes at `url`, resuming from what `part` already holds.
+    Returns the number of bytes received now (0: `part` was already complete)."""
     have = part.stat().st_size if part.exists() else 0
     if have >= size:            # complete already (or too long: the checksum will tell)
-        return
+        return 0
     headers = {"User-Agent": "annotated-transformer-book"}
     if have:
         headers["Range"] = f"bytes={have}-"
@@ -131,6 +133,7 @@ def _download(url: str, part: Path, size: int, progress: bool, desc: str, timeou
             for block in iter(lambda: response.read(1 << 16), b""):
                 out.write(block)
                 bar.update(len(block))
+    return part.stat().st_size - have
 
 
 def fetch(relpath: str, *, root: str | Path | None = None, download: bool | None = None,
@@ -161,12 +164,16 @@ def fetch(relpath: str, *, root: str | Path | None = None, download: bool | None
     url = f"{base_url.rstrip('/')}/{relpath}" if base_url else entry.url
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(path.name + ".part")
-    _download(url, part, entry.size, progress, relpath)
+    received = _download(url, part, entry.size, progress, relpath)
     try:
         verify_sha256(part, entry.sha256)
     except ChecksumError as e:
         part.unlink(missing_ok=True)
-        raise ChecksumError(f"{e} Downloaded from {url}; the download was deleted.") from None
+        origin = (f"was downloaded from {url}" if received >= entry.size else
+                  f"was completed from {url} ({received:,} bytes now, the rest from an earlier attempt)"
+                  if received else f"{part.name} was left complete by an earlier attempt; nothing was downloaded now")
+        raise ChecksumError(f"{e} The file {origin}. It has been deleted: run again to download it afresh, "
+                            f"or check {MIRROR_ENV} if you use a mirror.") from None
     os.replace(part, path)      # atomic: the final name only ever holds a verified file
     return path
 
@@ -177,21 +184,28 @@ MULTI30K_SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr", "test
 def read_lines(path: str | Path) -> list[str]:
     """The lines of a UTF-8 text file (gzipped if it ends in .gz), each stripped of surrounding whitespace."""
     path = Path(path)
-    lines = []
     try:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):   # binary iteration splits on b"\n" only
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}: line {number} is not valid UTF-8 ({e.reason} at byte "
-                                    f"{e.start} of the line: {raw[e.start:e.start + 1]!r})") from None
-                if number == 1:
-                    line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the sentence
-                lines.append(line.strip())
+            return decode_lines(f, str(path))
     except (OSError, EOFError) as e:                    # missing, unreadable, corrupt or truncated gzip
         raise DataError(f"{path} cannot be read ({type(e).__name__}: {e}); fetch it again, or check "
                         f"the folder that {DATA_ENV} points at.") from None
+
+
+def decode_lines(stream, name: str) -> list[str]:
+    """The lines of a binary stream as stripped text: UTF-8, a leading byte-order mark dropped.
+    A line that is not UTF-8 raises DataError naming `name`, the line and the byte."""
+    lines = []
+    for number, raw in enumerate(stream, start=1):      # binary iteration splits on b"\n" only
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{name}: line {number} is not valid UTF-8 ({e.reason} at byte {e.start} "
+                            f"of the line: {raw[e.start:e.start + 1]!r}); convert it to UTF-8, "
+                            f"for example with iconv.") from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")          # a byte-order mark is not part of the sentence
+        lines.append(line.strip())
     return lines
 
 
@@ -238,6 +252,11 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits of the SHA-256 of the serialised model: equal fingerprints, equal ids."""
+        return hashlib.sha256(self.sp.serialized_model_proto()).hexdigest()[:16]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without BOS/EOS."""

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['length_penalty', 'Hypothesis', 'beam_search_core', 'RecomputingDecoder', 'CachingDecoder', 'beam_search_hypotheses',
            'beam_search', 'sequence_log_prob', 'average_checkpoints', 'sacrebleu_score', 'split_compounds',
-           'PaperTokenizer', 'tokenized_bleu', 'evaluate_cli']
+           'PaperTokenizer', 'tokenized_bleu', 'lowercase_tokenized_bleu', 'evaluate_cli']
 
 # %% ../notebooks/07_decoding_and_evaluation.ipynb #c003
 # Beam search with the GNMT length penalty, incremental (cached) decoding and checkpoint
@@ -261,6 +261,15 @@ def _state_dict_of(checkpoint, path) -> dict:
     return checkpoint
 
 
+def _read_checkpoint(path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:   # truncated, corrupt, missing, or not written by torch.save
+        raise ValueError(f"average_checkpoints: {path} cannot be read ({type(e).__name__}: {str(e)[:160]}). "
+                         f"Leave it out of the average (average fewer, newer checkpoints) or delete it."
+                         ) from None
+
+
 def _some(names, n=4):
     return "none" if not names else ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
@@ -276,7 +285,7 @@ def average_checkpoints(paths) -> dict[str, torch.Tensor]:
         raise ValueError("average_checkpoints: no checkpoint paths given.")
     total, first = None, None
     for path in paths:
-        state = _state_dict_of(torch.load(path, map_location="cpu", weights_only=True), path)
+        state = _state_dict_of(_read_checkpoint(path), path)
         if total is None:
             first = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
             total = {k: v.to(torch.promote_types(v.dtype, torch.float32)).clone() if v.is_floating_point()
@@ -301,6 +310,7 @@ def average_checkpoints(paths) -> dict[str, torch.Tensor]:
 import argparse
 import builtins
 import re
+import string
 import sys
 import warnings
 from pathlib import Path
@@ -360,14 +370,32 @@ def tokenized_bleu(hyps, refs, lang: str = "de") -> tuple[float, str]:
     score = bleu.corpus_score([tok(h) for h in hyps], [[tok(r) for r in refs]]).score
     return score, f"moses-tok:{lang}+compound-split(##AT##)|{bleu.get_signature()}"
 
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def lowercase_tokenized_bleu(hyps, refs, lang: str = "de") -> tuple[float, str]:
+    """`multi-bleu.perl -lc` on Moses-tokenized text, the convention of published Multi30k results:
+    tokenize, then lowercase ASCII letters only (Perl's lc on undecoded bytes); no smoothing."""
+    hyps, refs = _check_corpora(hyps, refs, "lowercase_tokenized_bleu")
+    tok = MosesTokenizer(lang=lang)
+
+    def prep(line: str) -> str:
+        return tok.tokenize(line, return_str=True, escape=False).translate(_ASCII_LOWER)
+    bleu = BLEU(tokenize="none", smooth_method="none", force=True)
+    score = bleu.corpus_score([prep(h) for h in hyps], [[prep(r) for r in refs]]).score
+    return score, f"moses-tok:{lang}+ascii-lowercase|{bleu.get_signature()}"
+
 # %% ../notebooks/07_decoding_and_evaluation.ipynb #c049
 def evaluate_cli(argv: list[str] | None = None) -> int:
-    """Command line --hyp FILE --ref FILE [--lang de]: print sacreBLEU and tokenized BLEU."""
+    """Command line --hyp FILE --ref FILE [--lang de]: print sacreBLEU, tokenized BLEU and its
+    lowercased variant."""
     spec = globals().get("__spec__")                     # the module's import name when run with python -m
     parser = argparse.ArgumentParser(
         prog=f"python -m {spec.name}" if spec else "evaluate_cli",
         description="Corpus BLEU of a translation file against a reference file (one sentence per line): "
-                    "sacreBLEU with its signature, and the paper's tokenized BLEU (comparable to Table 2 only).")
+                    "sacreBLEU with its signature, the paper's tokenized BLEU (comparable to Table 2 only), "
+                    "and tokenized lowercased BLEU (multi-bleu.perl -lc, used for Multi30k).")
     parser.add_argument("--hyp", required=True, type=Path, help="system translations, detokenised")
     parser.add_argument("--ref", required=True, type=Path, help="reference translations, detokenised")
     parser.add_argument("--lang", default="de", help="target language for the Moses tokenizer (default: de)")
@@ -388,6 +416,8 @@ def evaluate_cli(argv: list[str] | None = None) -> int:
     print(f"sacreBLEU      {score:.2f}  {signature}")
     score, description = tokenized_bleu(hyps, refs, args.lang)
     print(f"tokenized BLEU {score:.2f}  {description}  (comparable to paper Table 2, not to sacreBLEU)")
+    score, description = lowercase_tokenized_bleu(hyps, refs, args.lang)
+    print(f"lowercased     {score:.2f}  {description}  (published Multi30k results' convention)")
     return 0
 
 

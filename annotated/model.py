@@ -7,7 +7,7 @@ __all__ = ['TRANSFORMER_BASE', 'TRANSFORMER_BIG', 'Encoder', 'Decoder', 'Encoder
 # %% ../notebooks/05_full_model.ipynb #c002
 # The encoder-decoder model and `make_model`, with the paper's configurations (section 3.1, Table 3).
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import nn
@@ -86,11 +86,16 @@ TRANSFORMER_BASE = ModelConfig()
 TRANSFORMER_BIG = ModelConfig(d_model=1024, d_ff=4096, h=16, dropout=0.3)
 
 
-def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048, h: int = 8,
-               dropout: float = 0.1, *, attn_dropout: float = 0.0, ffn_dropout: float = 0.0,
-               share_embeddings: bool = True, norm_first: bool = False, learned_positions: bool = False,
-               max_len: int = 5000) -> EncoderDecoder:
-    """Build the Transformer. Defaults are the paper's base model; see `ModelConfig` for each field."""
+def make_model(src_vocab: int, tgt_vocab: int, **options) -> EncoderDecoder:
+    """Build the Transformer. `options` are `ModelConfig` fields; each one left out keeps its
+    default there, so `make_model(V, V)` is the paper's base model."""
+    known = [f.name for f in fields(ModelConfig)]
+    if set(options) - set(known):
+        raise TypeError(f"make_model: unknown option(s) {', '.join(sorted(set(options) - set(known)))}; "
+                        f"the options are ModelConfig's fields: {', '.join(known)}.")
+    cfg = ModelConfig(**options)
+    N, d_model, d_ff, h, dropout = cfg.N, cfg.d_model, cfg.d_ff, cfg.h, cfg.dropout
+    norm_first, learned_positions = cfg.norm_first, cfg.learned_positions
     if d_model % h != 0:
         raise ValueError(f"make_model: d_model={d_model} must be divisible by h={h} so that each head gets "
                          f"d_k = d_model / h dimensions; e.g. d_model=512 with h=8 (d_k=64).")
@@ -100,10 +105,10 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
         if size < 1:
             raise ValueError(f"make_model: {name} must be a positive integer, got {size}.")
     c = copy.deepcopy
-    attn = MultiHeadedAttention(h, d_model, attn_dropout)
-    ff = PositionwiseFeedForward(d_model, d_ff, ffn_dropout)
+    attn = MultiHeadedAttention(h, d_model, cfg.attn_dropout)
+    ff = PositionwiseFeedForward(d_model, d_ff, cfg.ffn_dropout)
     Position = LearnedPositionalEncoding if learned_positions else PositionalEncoding
-    position = Position(d_model, dropout, max_len)
+    position = Position(d_model, dropout, cfg.max_len)
     model = EncoderDecoder(
         Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout, norm_first=norm_first), N),
         Decoder(DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout, norm_first=norm_first), N),
@@ -115,7 +120,7 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
         if isinstance(module, nn.Linear):
             nn.init.xavier_uniform_(module.weight)
             nn.init.zeros_(module.bias)
-    if share_embeddings:
+    if cfg.share_embeddings:
         tgt_lut = model.tgt_embed[0].lut
         model.generator.proj.weight = tgt_lut.weight              # pre-softmax projection = target embedding
         if src_vocab == tgt_vocab:

@@ -6,6 +6,9 @@ __all__ = ['multi30k_tokenizer', 'make_batch', 'Multi30kTask', 'multi30k_config'
 # %% ../notebooks/09_multi30k.ipynb #c002
 # Multi30k en->de as a trainer task: shared BPE tokenizer (cached), token-bucketed batches that
 # are a pure function of the step, the `multi30k` configurations, and `translate`.
+import hashlib
+import json
+import math
 import os
 import sys
 from dataclasses import replace
@@ -14,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .data import Tokenizer, cache_dir, load_multi30k, load_tokenizer, train_tokenizer
+from .data import TOKENIZER_OPTIONS, Tokenizer, cache_dir, load_multi30k, load_tokenizer, train_tokenizer
 from .decoding import beam_search
 from .model import ModelConfig
 from .train import CONFIGS, TASKS, TrainConfig
@@ -22,11 +25,14 @@ from .training import BOS, EOS, PAD, Batch, TokenBatchSampler
 
 # %% ../notebooks/09_multi30k.ipynb #c008
 def multi30k_tokenizer(vocab_size: int = 8000, pairs=None) -> Tokenizer:
-    """The shared en/de BPE tokenizer for Multi30k, trained on the training split once and cached."""
-    path = cache_dir() / "tokenizers" / f"multi30k_bpe{vocab_size}.model"
+    """The shared en/de BPE tokenizer for Multi30k, trained on `pairs` (default: the training
+    split) once and cached under a name that hashes everything the model depends on."""
+    pairs = load_multi30k("train") if pairs is None else pairs
+    inputs = json.dumps([vocab_size, TOKENIZER_OPTIONS, pairs], ensure_ascii=False).encode()
+    key = hashlib.sha256(inputs).hexdigest()[:12]        # sentences, size and options
+    path = cache_dir() / "tokenizers" / f"multi30k_bpe{vocab_size}_{key}.model"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        train_tokenizer(pairs if pairs is not None else load_multi30k("train"), path.with_suffix(""), vocab_size, seed=0)
+        train_tokenizer(pairs, path.with_suffix(""), vocab_size, seed=0)
     return load_tokenizer(path)
 
 # %% ../notebooks/09_multi30k.ipynb #c011
@@ -103,6 +109,9 @@ def translate(model, tokenizer: Tokenizer, sentences: list[str], *, beam_size: i
 
     progress=True shows a progress bar over the batches on standard error.
     """
+    if batch_size < 1 or beam_size < 1 or not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"translate: batch_size and beam_size must be at least 1 and alpha a finite number "
+                         f">= 0; got {batch_size}, {beam_size} and {alpha} (the paper: beam 4, alpha 0.6).")
     device = next(model.parameters()).device
     limit = getattr(model.src_embed[1], "max_len", 5000) - 51       # room for source + 50 output tokens
     encoded = [tokenizer.encode(s) + [EOS] if s.strip() else None for s in sentences]

@@ -29,7 +29,7 @@ def stacked_linear(x, *layers: nn.Linear):
 class MultiHeadedAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
 
-    def __init__(self, h: int, d_model: int, dropout: float = 0.1, *, fast: bool = False):
+    def __init__(self, h: int, d_model: int, dropout: float = 0.0, *, fast: bool = False):
         super().__init__()
         if d_model % h != 0:
             raise ValueError(f"MultiHeadedAttention: d_model={d_model} is not divisible by h={h} heads; "
@@ -39,7 +39,7 @@ class MultiHeadedAttention(nn.Module):
         self.w_k = nn.Linear(d_model, d_model)  # W_i^K
         self.w_v = nn.Linear(d_model, d_model)  # W_i^V
         self.w_o = nn.Linear(d_model, d_model)  # W^O
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else None  # on the attention weights
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else None  # on the weights; not in the paper
         self.attn = None  # last attention weights, (batch, h, n_q, n_k), for pictures
         self.fast = fast  # fused projections and scaled_dot_product_attention (no weights kept)
 

@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['CONFIGS', 'TASKS', 'CHECKPOINT_KEYS', 'TrainConfig', 'copy_config', 'ConfigError', 'validate_config', 'build_config',
-           'CopyTask', 'setup_distributed', 'TrainingError', 'write_text_atomic', 'checkpoint_paths', 'save_checkpoint',
-           'load_checkpoint', 'all_finite', 'lock_out_dir', 'read_json', 'train', 'main']
+           'IdTokenizer', 'CopyTask', 'setup_distributed', 'TrainingError', 'write_text_atomic', 'checkpoint_paths',
+           'save_checkpoint', 'load_checkpoint', 'all_finite', 'lock_out_dir', 'read_json', 'train', 'main']
 
 # %% ../notebooks/06c_trainer.ipynb #c002
 # The trainer behind `python -m annotated.train`: named configurations, DistributedDataParallel,
@@ -140,11 +140,33 @@ def build_config(name: str, overrides: list[str] = ()) -> TrainConfig:
     return validate_config(cfg)
 
 # %% ../notebooks/06c_trainer.ipynb #c009
+class IdTokenizer:
+    """The copy task's "tokenizer": token ids written as space-separated integers."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.fingerprint = f"ids-{vocab_size}"
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            ids = [int(t) for t in text.split()]
+        except ValueError:
+            raise ValueError(f"copy-task input must be integers separated by spaces, got {text!r}") from None
+        bad = [i for i in ids if not 3 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"copy-task symbols must lie in 3..{self.vocab_size - 1}, got {bad[0]}")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+
 class CopyTask:
     """Random copy-task batches, a pure function of (seed, step, index)."""
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        self.tokenizer = IdTokenizer(cfg.vocab)
         self.src_vocab = self.tgt_vocab = cfg.vocab
 
     def micro_batch(self, step: int, index: int) -> Batch:
@@ -241,7 +263,7 @@ def save_checkpoint(out: Path, state: dict, keep_last: int) -> Path:
     return path
 
 
-CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "rng")
+CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "rng", "tokenizer")
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -387,6 +409,11 @@ def _train_locked(cfg: TrainConfig, out: Path, rank: int, world: int, device: to
     step = 0
     if resume_from is not None:
         state = load_checkpoint(resume_from)
+        if state["tokenizer"] != task.tokenizer.fingerprint:
+            raise TrainingError(f"{resume_from} was trained with tokenizer {state['tokenizer']}, but the task's "
+                                f"tokenizer now is {task.tokenizer.fingerprint}: the same ids would mean other "
+                                f"words. Restore the tokenizer the run started with, or start a new run "
+                                f"in another --out.")
         try:
             model.load_state_dict(state["model"])
         except RuntimeError as e:
@@ -443,6 +470,7 @@ def _train_locked(cfg: TrainConfig, out: Path, rank: int, world: int, device: to
                     last_path = save_checkpoint(out, {
                         "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "step": step, "rng": _rng_state(),
+                        "tokenizer": task.tokenizer.fingerprint,
                         "data": {"task": cfg.task, "next_step": step, "micro_batches_per_step": task.per_step},
                         "config": asdict(cfg), "world_size": world}, cfg.keep_last)
                     last_ckpt_time = time.time()

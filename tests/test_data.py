@@ -171,6 +171,7 @@ def test_download_with_wrong_checksum_leaves_nothing(tmp_path, server):
     with pytest.raises(ChecksumError) as err:
         fetch(VAL_DE, root=root, download=True, base_url=url, progress=False)
     assert REGISTRY[VAL_DE].sha256 in str(err.value) and "deleted" in str(err.value)
+    assert f"was downloaded from {url}" in str(err.value)
     assert not (root / VAL_DE).exists()
     assert not (root / (VAL_DE + ".part")).exists()
 
@@ -181,11 +182,28 @@ def test_bad_partial_file_is_deleted_so_the_next_try_starts_over(tmp_path, serve
     part = root / (VAL_DE + ".part")
     part.parent.mkdir(parents=True)
     part.write_bytes(b"garbage")                             # resumed onto wrong bytes
-    with pytest.raises(ChecksumError):
+    with pytest.raises(ChecksumError) as err:
         fetch(VAL_DE, root=root, download=True, base_url=url, progress=False)
+    assert "the rest from an earlier attempt" in str(err.value)
     assert not part.exists()
     assert fetch(VAL_DE, root=root, download=True, base_url=url, progress=False).is_file()
     assert handler.log[-1] == (f"/{VAL_DE}", None)
+
+
+def test_stale_complete_partial_file_is_not_reported_as_a_download(tmp_path, server):
+    url, _, handler = server
+    root = tmp_path / "root"
+    part = root / (VAL_DE + ".part")
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"x" * REGISTRY[VAL_DE].size)           # full size, wrong bytes, from an old try
+    with pytest.raises(ChecksumError) as err:
+        fetch(VAL_DE, root=root, download=True, base_url=url, progress=False)
+    message = str(err.value)
+    assert handler.log == []                                  # nothing was requested ...
+    assert "earlier attempt" in message and "nothing was downloaded now" in message
+    assert "was downloaded from" not in message               # ... and the message does not claim it
+    assert not part.exists()
+    assert fetch(VAL_DE, root=root, download=True, base_url=url, progress=False).is_file()
 
 
 # --- reading parallel text ----------------------------------------------------------------------
@@ -205,7 +223,7 @@ def test_different_line_counts(tmp_path):
     with pytest.raises(ValueError) as err:
         read_parallel(src, tgt)
     message = str(err.value)
-    assert str(src) in message and str(tgt) in message and "3" in message and "2" in message
+    assert f"{src} has 3 lines" in message and f"{tgt} has 2." in message
 
 
 def test_empty_pairs_are_dropped_and_counted(tmp_path):
@@ -305,3 +323,26 @@ def test_foreign_model_is_rejected(tmp_path):
         load_tokenizer(tmp_path / "default.model")
     with pytest.raises(FileNotFoundError):
         load_tokenizer(tmp_path / "nope.model")
+
+
+def test_tokenizer_cache_is_keyed_by_what_the_model_depends_on():
+    from annotated.multi30k import multi30k_tokenizer
+
+    pairs = load_multi30k("val")
+    first = multi30k_tokenizer(600, pairs)
+    other_data = multi30k_tokenizer(600, pairs[:600])              # same size, other sentences
+    assert other_data.fingerprint != first.fingerprint
+    assert multi30k_tokenizer(600, pairs).fingerprint == first.fingerprint   # from the cache
+    assert multi30k_tokenizer(500, pairs).vocab_size == 500
+    cached = sorted(p.name for p in (data.cache_dir() / "tokenizers").glob("*.model"))
+    assert len(cached) == 3 and all(name.startswith("multi30k_bpe") for name in cached), cached
+
+
+def test_fingerprint_tells_tokenizers_apart(tmp_path):
+    pairs = load_multi30k("val")
+    a = train_tokenizer(pairs, tmp_path / "a", vocab_size=600)
+    b = train_tokenizer(pairs, tmp_path / "b", vocab_size=600)
+    smaller = train_tokenizer(pairs, tmp_path / "c", vocab_size=500)
+    assert a.fingerprint == b.fingerprint and len(a.fingerprint) == 16
+    assert load_tokenizer(tmp_path / "a.model").fingerprint == a.fingerprint
+    assert smaller.fingerprint != a.fingerprint

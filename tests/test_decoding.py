@@ -89,6 +89,54 @@ def test_beam_as_large_as_the_search_space_is_exact_search(alpha):
         assert [h.score for h in beams[i]] == pytest.approx(top, rel=1e-12)
 
 
+class TableDecoder:
+    """A stand-in decoder: next-token log-probabilities are a fixed random function of the prefix."""
+
+    def __init__(self, vocab, seed):
+        self.vocab, self.seed = vocab, seed
+
+    def log_probs(self, prefix: tuple) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash((self.seed,) + prefix) % 2**62)
+        return torch.log_softmax(2 * torch.randn(self.vocab, generator=g, dtype=torch.float64), -1)
+
+    def step(self, ys):
+        return torch.stack([self.log_probs(tuple(row)) for row in ys.tolist()])
+
+    def reorder(self, rows):
+        pass
+
+
+def plain_beam_search(decoder, K, limit, alpha):
+    """The paper's search written out: at every step keep the K candidates with the highest
+    length-normalised score; a finished hypothesis competes as itself."""
+    beam = [((BOS,), 0.0, False)]                                   # (tokens, log P, finished)
+    while not all(done for _, _, done in beam):
+        candidates = []
+        for ys, lp, done in beam:
+            if done:
+                candidates.append((ys, lp, True))
+                continue
+            for token, step_lp in enumerate(decoder.log_probs(ys).tolist()):
+                new = ys + (token,)
+                candidates.append((new, lp + step_lp, token == EOS or len(new) - 1 >= limit))
+        score = {c: c[1] / ((5 + len(c[0]) - 1) / 6) ** alpha for c in candidates}
+        beam = sorted(candidates, key=score.get, reverse=True)[:K]
+    return max(beam, key=lambda c: c[1] / ((5 + len(c[0]) - 1) / 6) ** alpha)[0][1:]
+
+
+@pytest.mark.parametrize("alpha", [0.6, 2.0])
+def test_length_penalty_ranks_candidates_during_the_search(alpha):
+    """Applying lp only to the final beam is a different search, which prunes hypotheses the
+    paper's search keeps; compare with the search written out, on 40 random tables."""
+    from annotated.decoding import beam_search_core
+
+    for seed in range(40):
+        decoder = TableDecoder(6, seed)
+        best = beam_search_core(decoder, 1, torch.tensor([5]), BOS, EOS, beam_size=3, alpha=alpha)[0][0]
+        expected = plain_beam_search(decoder, 3, 5, alpha)
+        assert best.tokens + [EOS] * best.finished == list(expected), seed
+
+
 @pytest.mark.parametrize("config", [dict(), dict(norm_first=True), dict(learned_positions=True)])
 def test_cache_gives_the_same_hypotheses(config):
     for seed in range(2):
@@ -256,7 +304,30 @@ def test_command_line(tmp_path):
     assert run.returncode == 0, run.stderr
     assert f"sacreBLEU      {sacrebleu_score(HYPS, REFS)[0]:.2f}" in run.stdout
     assert f"tokenized BLEU {tokenized_bleu(HYPS, REFS)[0]:.2f}" in run.stdout
+    from annotated.decoding import lowercase_tokenized_bleu
+    assert f"lowercased     {lowercase_tokenized_bleu(HYPS, REFS)[0]:.2f}" in run.stdout
     assert "RuntimeWarning" not in run.stderr
     with pytest.raises(SystemExit) as exit:
         annotated.evaluate_cli(["--hyp", str(tmp_path / "short"), "--ref", str(tmp_path / "ref")])
     assert exit.value.code == 2
+
+
+def test_lowercase_tokenized_bleu_is_multi_bleu_lc_on_moses_tokens():
+    from annotated.decoding import lowercase_tokenized_bleu
+
+    refs = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee, hinter dem Haus."]
+    assert lowercase_tokenized_bleu(refs, refs)[0] == pytest.approx(100)
+    ascii_upper = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    shouted = [r.translate(ascii_upper) for r in refs]                 # "FäHRT": ASCII letters only
+    assert lowercase_tokenized_bleu(shouted, refs)[0] == pytest.approx(100)
+    assert sacrebleu_score(shouted, refs)[0] < 50
+    # Perl's lc on undecoded bytes leaves non-ASCII capitals alone: "FÄHRT" stays "fÄhrt"
+    assert lowercase_tokenized_bleu([r.upper() for r in refs], refs)[0] < 100
+    # tokenized first, then lowercased: "Nr." is a Moses abbreviation, "nr." is not
+    assert lowercase_tokenized_bleu(["Er wohnt in Nr. 5 am Ende."], ["er wohnt in nr. 5 am ende."])[0] < 100
+    assert lowercase_tokenized_bleu(["Er wohnt in Nr. 5 am Ende."], ["ER WOHNT IN Nr. 5 AM ENDE."])[0] == pytest.approx(100)
+    half = ["Ein Mann fährt Fahrrad.", "Eine Katze schläft."]
+    assert 0 < lowercase_tokenized_bleu(half, refs)[0] < 100
+    assert "moses-tok:de+ascii-lowercase" in lowercase_tokenized_bleu(refs, refs)[1]
+    with pytest.raises(ValueError, match="1 hypotheses but 2 references"):
+        lowercase_tokenized_bleu(refs[:1], refs)

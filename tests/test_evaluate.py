@@ -10,19 +10,6 @@ from annotated.decoding import sacrebleu_score
 from annotated.train import TrainingError, build_config, train
 
 
-def test_lowercase_tokenized_bleu():
-    refs = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee, hinter dem Haus."]
-    assert evaluate.lowercase_tokenized_bleu(refs, refs)[0] == pytest.approx(100)
-    shouted = [r.upper() for r in refs]
-    assert evaluate.lowercase_tokenized_bleu(shouted, refs)[0] == pytest.approx(100)
-    assert sacrebleu_score(shouted, refs)[0] < 50
-    half = ["Ein Mann fährt Fahrrad.", "Eine Katze schläft."]
-    assert 0 < evaluate.lowercase_tokenized_bleu(half, refs)[0] < 100
-    assert "moses-tok:de+lowercase" in evaluate.lowercase_tokenized_bleu(refs, refs)[1]
-    with pytest.raises(ValueError, match="1 hypotheses but 2 references"):
-        evaluate.lowercase_tokenized_bleu(refs[:1], refs)
-
-
 @pytest.fixture(scope="module")
 def copy_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "copy"

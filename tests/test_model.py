@@ -152,3 +152,25 @@ def test_sequence_longer_than_positional_table():
     src = torch.ones(1, 9, dtype=torch.long)
     with pytest.raises(ValueError, match="9 positions but the table holds max_len=8"):
         model.encode(src, (src != PAD)[:, None])
+
+
+def test_defaults_are_the_papers_base_model():
+    """make_model(V, V) and a bare ModelConfig are Table 3's base model: post-norm, sinusoids,
+    P_drop = 0.1 on sub-layer outputs and embeddings, no dropout anywhere else."""
+    assert asdict(ModelConfig()) == dict(N=6, d_model=512, d_ff=2048, h=8, dropout=0.1, attn_dropout=0.0,
+                                         ffn_dropout=0.0, share_embeddings=True, norm_first=False,
+                                         learned_positions=False, max_len=5000)
+    model = make_model(11, 11)
+    connections = [m for m in model.modules() if type(m).__name__ == "SublayerConnection"]
+    assert len(connections) == 6 * 2 + 6 * 3 and not any(c.norm_first for c in connections)
+    assert isinstance(model.encoder.norm, nn.Identity) and isinstance(model.decoder.norm, nn.Identity)
+    assert {c.dropout.p for c in connections} == {0.1} and model.src_embed[1].dropout.p == 0.1
+    assert all(m.dropout is None for m in model.modules() if type(m).__name__ == "MultiHeadedAttention")
+    assert {m.dropout.p for m in model.modules() if type(m).__name__ == "PositionwiseFeedForward"} == {0.0}
+    assert type(model.src_embed[1]).__name__ == "PositionalEncoding"
+    assert model.src_embed[0].lut.weight is model.generator.proj.weight
+
+
+def test_unknown_option_names_the_known_ones():
+    with pytest.raises(TypeError, match="unknown option.*norm_frist.*norm_first"):
+        make_model(10, 10, norm_frist=True)

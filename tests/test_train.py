@@ -249,3 +249,17 @@ def test_a_refused_start_releases_the_folder_for_the_same_process(tmp_path):
         trainer.train(cfg, tmp_path, progress=False)
     cfg.max_steps = 3
     assert failed.value is not None and trainer.train(cfg, tmp_path, resume=True, progress=False)["steps"] == 3
+
+
+def test_resume_with_another_tokenizer_is_refused(tmp_path):
+    out = tmp_path / "run"
+    run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
+    newest = sorted((out / "checkpoints").glob("*.pt"))[-1]
+    state = torch.load(newest, weights_only=True)
+    assert state["tokenizer"] == "ids-13"                  # the copy task's ids, 13 symbols
+    state["tokenizer"] = "0123456789abcdef"                # as if its tokenizer had been replaced
+    torch.save(state, newest)
+    msg = error_of(run_trainer("--config", "copy", *TINY, "--set", "max_steps=4", "--resume", "--out", str(out),
+                               check=False))
+    assert "trained with tokenizer 0123456789abcdef" in msg and "ids-13" in msg
+    assert len(list((out / "checkpoints").glob("*.pt"))) == 1      # nothing was trained on

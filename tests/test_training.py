@@ -143,3 +143,14 @@ def test_copy_task_learns_to_copy():
     got = out[:, 1:test.tgt_y.size(1) + 1]
     exact = ((got == test.tgt_y) | (test.tgt_y == PAD)).all(1).float().mean().item()
     assert exact >= 0.9, f"only {exact:.1%} exact copies"   # typically 97-100%, whatever the CPU and threads
+
+
+def test_token_sampler_fills_each_batch_by_the_longer_side():
+    """The budget counts padded tokens of the longer side (paper 5.1: ~25,000 source and 25,000
+    target tokens): a batch closes only when one more example would overflow it."""
+    lengths = [(n % 37 + 1, (n * 7) % 23 + 2) for n in range(500)]
+    batches = TokenBatchSampler(lengths, max_tokens=200, shuffle=False).batches()
+    for batch, following in zip(batches, batches[1:]):
+        longest = max(max(lengths[i]) for i in batch + following[:1])
+        assert (len(batch) + 1) * longest > 200, batch     # the next example would not have fitted
+        assert len(batch) * max(max(lengths[i]) for i in batch) <= 200

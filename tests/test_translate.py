@@ -49,3 +49,44 @@ def test_missing_checkpoint_and_bad_symbols(checkpoint, tmp_path):
     r = subprocess.run([sys.executable, "-m", "annotated.translate", "--checkpoint", str(checkpoint[-1])],
                        input="3 4\nhello\n", capture_output=True, text=True)
     assert r.returncode == 2 and "integers separated by spaces" in r.stderr
+
+
+def cli(*args, stdin: bytes = b"3 4\n"):
+    return subprocess.run([sys.executable, "-m", "annotated.translate", *map(str, args)], input=stdin,
+                          capture_output=True)
+
+
+def test_checkpoint_of_another_tokenizer_is_refused(checkpoint, tmp_path):
+    state = torch.load(checkpoint[-1], weights_only=True)
+    assert state["tokenizer"] == IdTokenizer(13).fingerprint      # written by the trainer
+    state["tokenizer"] = "ids-99"                                  # as if trained on other ids
+    bad = tmp_path / "other_tokenizer.pt"
+    torch.save(state, bad)
+    with pytest.raises(TrainingError, match="trained with tokenizer ids-99, but the copy tokenizer"):
+        load_model([bad])
+
+
+def test_corrupt_older_checkpoint_while_averaging_is_named(checkpoint, tmp_path):
+    bad = tmp_path / "ckpt_old.pt"
+    bad.write_bytes(checkpoint[0].read_bytes()[:300])             # truncated
+    r = cli("--checkpoint", bad, checkpoint[-1])
+    message = r.stderr.decode()
+    assert r.returncode == 2 and str(bad) in message and "cannot be read" in message, message
+    assert "Traceback" not in message
+
+
+def test_input_is_utf8_without_byte_order_mark(checkpoint):
+    r = cli("--checkpoint", checkpoint[-1], stdin=b"3 4\n5 \xff 6\n")
+    message = r.stderr.decode()
+    assert r.returncode == 2 and "standard input: line 2 is not valid UTF-8" in message, message
+    assert "Traceback" not in message
+    r = cli("--checkpoint", checkpoint[-1], stdin="\ufeff3 4 5\n6 7\n".encode())
+    assert r.returncode == 0, r.stderr.decode()                     # the mark is not read as part of "3"
+    assert len(r.stdout.decode().splitlines()) == 2
+
+
+@pytest.mark.parametrize("flags", [("--batch-size", "0"), ("--alpha", "nan"), ("--alpha", "-1"), ("--beam", "0")])
+def test_meaningless_search_settings_are_refused(checkpoint, flags):
+    r = cli("--checkpoint", checkpoint[-1], *flags)
+    message = r.stderr.decode()
+    assert r.returncode == 2 and "error:" in message and "Traceback" not in message, message
