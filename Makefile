@@ -12,7 +12,7 @@ ifneq ($(ANNOTATED_DATA),)
 export ANNOTATED_DATA
 endif
 
-.PHONY: help book test lab install export notebooks clean
+.PHONY: help book test other-cpu lab install export notebooks clean
 
 help:                      ## list the targets
 	@grep -E '^[a-z]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -35,6 +35,13 @@ book: install              ## build the book into _build/html, executing every n
 
 test: install              ## every test: unit tests, notebooks under nbval, packaging
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15
+
+# The notebooks once more, under another CPU's kernels (tools/other_cpu.py) and two threads. Chapter
+# 9b is left out: it trains for minutes, and what its run prints is not compared (nbval-ignore-output).
+other-cpu: install         ## the notebooks again under other CPU kernels and 2 threads (CI runs this too)
+	@echo "other CPU: $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2"
+	env $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2 $(PY) -m pytest -n 2 --dist loadfile notebooks/ \
+		--deselect notebooks/09b_multi30k_results.ipynb
 
 export: install            ## after editing a notebook: regenerate annotated/
 	$(PY) tools/export.py

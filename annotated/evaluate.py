@@ -146,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.results:
             command = " ".join(["python -m annotated.evaluate", *(sys.argv[1:] if argv is None else argv)])
             print("wrote", write_results(args.results, args.run, report, command=command))
-    except TrainingError as e:
+    except (TrainingError, ValueError) as e:          # ValueError: missing test data, a line too long
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written; run the same command again.", file=sys.stderr)
         return 2
     return 0
 

@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: no translation was written; run the command again.", file=sys.stderr)
+        return 2
     sys.stdout.write("".join(line + "\n" for line in out))
     return 0
 

@@ -30,7 +30,8 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
     path = evaluate.write_results(out, copy_run, report, command="python -m annotated.evaluate (test)")
     results = json.loads(path.read_text())
     assert results["provenance"]["training_command"].startswith("python -m annotated.train --config copy")
-    assert results["provenance"]["device"] == "cpu" and results["provenance"]["commit"]
+    trained_on = json.loads((copy_run / "run.json").read_text())["device"]      # "cpu" or the GPU's name
+    assert results["provenance"]["device"] == trained_on and trained_on and results["provenance"]["commit"]
     assert results["training"]["steps"] == 400 and results["evaluation"]["tests"]["toy"]["sentences"] == 4
     assert (out / "toy.hyp").read_text().splitlines() == [t["hypothesis"] for t in report["translations"]["toy"]]
     assert (out / "samples.tsv").read_text().splitlines()[0] == "source\treference\thypothesis"
@@ -93,3 +94,19 @@ def test_bleu_cli_strips_a_byte_order_mark_and_names_bad_bytes(tmp_path):
     assert "sacreBLEU      100.00" in cli(hyp).stdout
     r = cli(bad)
     assert r.returncode == 2 and f"{bad}: line 1 is not valid UTF-8" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_turns_missing_data_and_ctrl_c_into_messages(copy_run, monkeypatch, capsys):
+    from annotated.data import DataError
+
+    def missing():
+        raise DataError("toy.de not found: looked for /nowhere/toy.de")
+    monkeypatch.setitem(evaluate.TEST_SETS, "copy", {"toy": missing})
+    assert evaluate.main(["--run", str(copy_run)]) == 2
+    assert "error: toy.de not found" in capsys.readouterr().err
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(evaluate, "evaluate_run", interrupted)
+    assert evaluate.main(["--run", str(copy_run)]) == 2
+    assert "interrupted: nothing was written" in capsys.readouterr().err

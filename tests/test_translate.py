@@ -90,3 +90,16 @@ def test_meaningless_search_settings_are_refused(checkpoint, flags):
     r = cli("--checkpoint", checkpoint[-1], *flags)
     message = r.stderr.decode()
     assert r.returncode == 2 and "error:" in message and "Traceback" not in message, message
+
+
+def test_ctrl_c_gives_a_message_not_a_traceback(checkpoint, monkeypatch, capsys):
+    import io
+
+    import annotated.translate as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "translate", interrupted)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"3 4\n")))
+    assert cli.main(["--checkpoint", str(checkpoint[-1])]) == 2
+    assert "interrupted: no translation was written" in capsys.readouterr().err
