@@ -65,7 +65,7 @@ class TrainConfig:
 def copy_config() -> TrainConfig:
     """Chapter 6's copy task: 800 steps of a 2-layer model, under a minute on a laptop CPU."""
     return TrainConfig(task="copy", model=ModelConfig(N=2, d_model=64, d_ff=128, h=4, dropout=0.0),
-                       vocab=13, lr_factor=0.5, warmup=100, batch_sentences=64, max_steps=800,
+                       vocab=13, lr_factor=0.25, warmup=100, batch_sentences=64, max_steps=800,
                        checkpoint_every=200, log_every=20)
 
 

@@ -346,3 +346,9 @@ def test_fingerprint_tells_tokenizers_apart(tmp_path):
     assert a.fingerprint == b.fingerprint and len(a.fingerprint) == 16
     assert load_tokenizer(tmp_path / "a.model").fingerprint == a.fingerprint
     assert smaller.fingerprint != a.fingerprint
+
+
+def test_byte_order_mark_is_dropped_from_the_first_line_only(tmp_path):
+    path = tmp_path / "bom.de"
+    path.write_bytes("\ufeffErste Zeile\nzweite \ufeff Zeile\n".encode("utf-8"))
+    assert data.read_lines(path) == ["Erste Zeile", "zweite \ufeff Zeile"]

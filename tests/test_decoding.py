@@ -331,3 +331,38 @@ def test_lowercase_tokenized_bleu_is_multi_bleu_lc_on_moses_tokens():
     assert "moses-tok:de+ascii-lowercase" in lowercase_tokenized_bleu(refs, refs)[1]
     with pytest.raises(ValueError, match="1 hypotheses but 2 references"):
         lowercase_tokenized_bleu(refs[:1], refs)
+
+
+def test_length_penalty_is_gnmts_formula():
+    """lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016): 1 for a one-token output, whatever alpha,
+    and for alpha = 1 a straight line through (1, 1) with slope 1/6."""
+    lengths = torch.tensor([1.0, 4.0, 7.0, 31.0], dtype=torch.float64)
+    torch.testing.assert_close(length_penalty(lengths, 1.0), (5 + lengths) / 6)
+    for alpha in (0.0, 0.6, 2.0):
+        assert length_penalty(torch.tensor(1.0), alpha).item() == pytest.approx(1.0)
+        torch.testing.assert_close(length_penalty(lengths, alpha), length_penalty(lengths, 1.0) ** alpha)
+    assert length_penalty(torch.tensor(7.0), 1.0).item() == pytest.approx(2.0)
+
+
+class OnlyEndAfterFirst(TableDecoder):
+    """After its first token, only the end symbol is possible (every other token has log P = -inf)."""
+
+    def log_probs(self, prefix: tuple) -> torch.Tensor:
+        lp = super().log_probs(prefix)
+        allowed = [EOS, 3] if len(prefix) == 1 else [EOS]
+        blocked = torch.ones_like(lp, dtype=torch.bool)
+        blocked[allowed] = False
+        return lp.masked_fill(blocked, -math.inf)
+
+
+def test_impossible_hypotheses_are_dropped_and_the_search_stops():
+    """With fewer possible continuations than beams, the impossible ones must count as finished:
+    the search ends when the possible ones do, and never returns an impossible output."""
+    from annotated.decoding import beam_search_core
+
+    steps = []
+    beams = beam_search_core(OnlyEndAfterFirst(6, 0), 1, torch.tensor([20]), BOS, EOS, beam_size=4,
+                             on_step=lambda *args: steps.append(1))
+    assert len(steps) == 2                                     # "</s>" and "3 </s>": two steps
+    assert sorted(h.tokens for h in beams[0]) == [[], [3]]
+    assert all(h.finished and math.isfinite(h.log_prob) for h in beams[0])

@@ -174,3 +174,22 @@ def test_defaults_are_the_papers_base_model():
 def test_unknown_option_names_the_known_ones():
     with pytest.raises(TypeError, match="unknown option.*norm_frist.*norm_first"):
         make_model(10, 10, norm_frist=True)
+
+
+def test_initialisation_is_the_stated_one():
+    """Chapter 5: Xavier-uniform weights and zero biases in every linear map; chapter 4: embedding
+    entries N(0, 1/d_model), shared with the output projection."""
+    import math
+    torch.manual_seed(0)
+    d_model, d_ff = 64, 256
+    model = make_model(500, 500, N=2, d_model=d_model, d_ff=d_ff, h=4)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module.weight is not model.generator.proj.weight:
+            fan_out, fan_in = module.weight.shape
+            bound = math.sqrt(6 / (fan_in + fan_out))
+            assert torch.count_nonzero(module.bias) == 0, name
+            assert module.weight.abs().max() <= bound, name
+            assert abs(module.weight.std().item() - bound / math.sqrt(3)) < 0.1 * bound, name
+    embedding = model.src_embed[0].lut.weight
+    assert abs(embedding.std().item() * math.sqrt(d_model) - 1) < 0.05
+    assert torch.count_nonzero(model.generator.proj.bias) == 0

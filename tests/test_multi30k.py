@@ -1,0 +1,44 @@
+"""Multi30k as a trainer task (chapter 9): framing of sources and targets, batches, translate."""
+import torch
+
+from annotated.data import load_multi30k
+from annotated.multi30k import Multi30kTask, make_batch, multi30k_cpu_config, translate
+from annotated.training import BOS, EOS, PAD
+
+
+def test_sources_end_and_targets_are_framed():
+    cfg = multi30k_cpu_config()
+    task = Multi30kTask(cfg)
+    pairs = load_multi30k("train")
+    first_src, first_tgt = pairs[0]
+    assert task.src[0] == task.tokenizer.encode(first_src) + [EOS]
+    assert task.tgt[0] == [BOS] + task.tokenizer.encode(first_tgt) + [EOS]
+    batch = task.micro_batch(3, 0)
+    for src_row, tgt_row in zip(batch.src.tolist(), torch.cat([batch.tgt[:, :1], batch.tgt_y], 1).tolist()):
+        src_row, tgt_row = [t for t in src_row if t != PAD], [t for t in tgt_row if t != PAD]
+        assert src_row[-1] == EOS and EOS not in src_row[:-1] and BOS not in src_row
+        assert tgt_row[0] == BOS and tgt_row[-1] == EOS and EOS not in tgt_row[:-1]
+    assert batch.ntokens == sum(len(task.tgt[i]) - 1 for i in task.epoch(0)[3])   # <s> is not predicted
+
+
+class EchoModel(torch.nn.Module):
+    """Stands in for a trained model in `translate`: always predicts the source, token by token."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.vocab, self.weight = vocab, torch.nn.Parameter(torch.zeros(1))
+        self.src_embed = [None, type("Positions", (), {"max_len": 256})()]
+
+
+def test_translate_decodes_without_special_tokens(monkeypatch):
+    import importlib
+    multi30k = importlib.import_module("annotated.multi30k")
+    task_tokenizer = Multi30kTask(multi30k_cpu_config()).tokenizer
+
+    def fake_beam_search(model, src, src_mask, max_len, bos, eos, *, beam_size, alpha):
+        return [[BOS] + [t for t in row if t not in (PAD, EOS)] + [EOS, PAD] for row in src.tolist()]
+    monkeypatch.setattr(multi30k, "beam_search", fake_beam_search)
+    sentences = ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball."]
+    out = translate(EchoModel(task_tokenizer.vocab_size), task_tokenizer, sentences)
+    assert out == ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball."]
+    assert make_batch([[5, 6, EOS], [7, EOS]]).src.tolist() == [[5, 6, EOS], [7, EOS, PAD]]
