@@ -211,17 +211,19 @@ def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_p
 
 
 def test_resume_keeps_the_earlier_segment_and_logs_the_rate_each_step_used(tmp_path):
+    from annotated.train import build_config
     from annotated.training import rate
+    first = build_config("copy").lr_factor                  # the configuration's own factor
     out = tmp_path / "run"
     run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
-    run_trainer("--config", "copy", *TINY, "--set", "max_steps=4", "--set", "lr_factor=0.25", "--resume",
+    run_trainer("--config", "copy", *TINY, "--set", "max_steps=4", "--set", f"lr_factor={first / 2}", "--resume",
                 "--out", str(out))
     run = json.loads((out / "run.json").read_text())
-    assert run["config"]["lr_factor"] == 0.25 and run["from_step"] == 2
-    assert [h["config"]["lr_factor"] for h in run["history"]] == [0.5] and run["history"][0]["until_step"] == 2
+    assert run["config"]["lr_factor"] == first / 2 and run["from_step"] == 2
+    assert [h["config"]["lr_factor"] for h in run["history"]] == [first] and run["history"][0]["until_step"] == 2
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert logged[0]["step"] == 1 and logged[0]["lr"] == pytest.approx(rate(1, 16, 0.5, 100))
-    assert logged[2]["step"] == 3 and logged[2]["lr"] == pytest.approx(rate(3, 16, 0.25, 100))   # new factor at once
+    assert logged[0]["step"] == 1 and logged[0]["lr"] == pytest.approx(rate(1, 16, first, 100))
+    assert logged[2]["step"] == 3 and logged[2]["lr"] == pytest.approx(rate(3, 16, first / 2, 100))   # at once
 
 
 def test_files_that_are_not_checkpoints_or_json_get_messages(tmp_path):
