@@ -40,7 +40,7 @@ test: install              ## every test: unit tests, notebooks under nbval, pac
 # 9b is left out: it trains for minutes, and what its run prints is not compared (nbval-ignore-output).
 other-cpu: install         ## the notebooks again under other CPU kernels and 2 threads (CI runs this too)
 	@echo "other CPU: $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2"
-	env $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2 $(PY) -m pytest -n 2 --dist loadfile notebooks/ \
+	env $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2 $(PY) -m pytest -p no:xdist notebooks/ \
 		--deselect notebooks/09b_multi30k_results.ipynb
 
 export: install            ## after editing a notebook: regenerate annotated/
