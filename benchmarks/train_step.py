@@ -60,11 +60,14 @@ sys.path.insert(0, str(ROOT))
 from annotated import make_model, subsequent_mask  # noqa: E402
 from annotated.decoding import beam_search  # noqa: E402
 from annotated.embeddings import Embeddings, PositionalEncoding  # noqa: E402
-from annotated.fast import FusedLabelSmoothing, make_fast  # noqa: E402
+from annotated.fast import make_fast  # noqa: E402
+from annotated.loss import FusedLabelSmoothing  # noqa: E402
 from annotated.multihead import MultiHeadedAttention  # noqa: E402
-from annotated.train import write_text_atomic  # noqa: E402
-from annotated.training import (BOS, EOS, PAD, Batch, LabelSmoothing, TokenBatchSampler,  # noqa: E402
-                                loss_on_batch, make_optimizer)
+from annotated.checkpoints import write_text_atomic  # noqa: E402
+from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler  # noqa: E402
+from annotated.loss import LabelSmoothing  # noqa: E402
+from annotated.schedule import make_optimizer  # noqa: E402
+from annotated.trainer import loss_on_batch  # noqa: E402
 
 PRESETS = {   # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target tokens per batch
     "quick": dict(vocab=500, N=1, d_model=64, d_ff=128, h=4, norm_first=False, tokens=400),
@@ -131,7 +134,7 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None):
     import os
     import tempfile
 
-    from annotated.data import train_tokenizer
+    from annotated.tokenizer import train_tokenizer
 
     folder = Path(folder or Path(os.environ.get("ANNOTATED_DATA", ".")) / WMT_SAMPLE)
     with open(folder / "src-train.txt", encoding="utf-8") as f, open(folder / "tgt-train.txt", encoding="utf-8") as g:

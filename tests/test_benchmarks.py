@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import train_step  # noqa: E402
 
-from annotated.training import PAD, Batch  # noqa: E402
+from annotated.batching import PAD, Batch  # noqa: E402
 
 
 def test_train_step_benchmark_quick(tmp_path):

@@ -10,9 +10,15 @@ import torch
 
 from annotated import make_model
 from annotated.decoding import beam_search
-from annotated.fast import FusedLabelSmoothing, make_fast
-from annotated.train import build_config, train
-from annotated.training import BOS, EOS, PAD, Batch, LabelSmoothing, copy_batch, greedy_decode, loss_on_batch
+from annotated.fast import make_fast
+from annotated.loss import FusedLabelSmoothing
+from annotated.registry import build_config
+from annotated.trainer import train
+from annotated.batching import BOS, EOS, PAD, Batch
+from annotated.decoding import greedy_decode
+from annotated.loss import LabelSmoothing
+from annotated.tasks.copy import copy_batch
+from annotated.trainer import loss_on_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = torch.device("cuda")

@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
-import annotated.data as data
-from annotated.data import (BOS, EOS, PAD, REGISTRY, UNK, ChecksumError, data_root, fetch, load_multi30k,
-                            load_tokenizer, read_parallel, train_tokenizer)
+import annotated.datasets.download as data
+from annotated.batching import BOS, EOS, PAD
+from annotated.datasets.download import data_root, fetch, read_parallel
+from annotated.datasets.multi30k import MULTI30K_FILES, load_multi30k
+from annotated.errors import ChecksumError
+from annotated.tokenizer import UNK, load_tokenizer, train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("ANNOTATED_DATA") or ROOT.parent / "shared" / "data").resolve()
@@ -46,11 +49,11 @@ def test_data_root_follows_the_env_var(monkeypatch, tmp_path):
 
 
 def test_every_shared_file_matches_the_registry():
-    for relpath, entry in REGISTRY.items():
-        path = fetch(relpath)
+    for relpath, entry in MULTI30K_FILES.items():
+        path = fetch(entry)
         assert path == SHARED / relpath
         assert path.stat().st_size == entry.size
-    assert REGISTRY[TRAIN_EN].url.startswith("https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d2")
+    assert MULTI30K_FILES[TRAIN_EN].url.startswith("https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d2")
 
 
 def test_corrupted_local_copy_is_reported_with_both_digests(monkeypatch, tmp_path):
@@ -62,9 +65,9 @@ def test_corrupted_local_copy_is_reported_with_both_digests(monkeypatch, tmp_pat
     copy.write_bytes(bytes(blob))
     monkeypatch.setenv("ANNOTATED_DATA", str(local))
     with pytest.raises(ChecksumError) as err:
-        fetch(VAL_DE)
+        fetch(MULTI30K_FILES[VAL_DE])
     message = str(err.value)
-    assert REGISTRY[VAL_DE].sha256 in message
+    assert MULTI30K_FILES[VAL_DE].sha256 in message
     assert hashlib.sha256(bytes(blob)).hexdigest() in message
     assert str(copy) in message
     assert copy.exists(), "a local file that fails the check is the user's: it must not be deleted"
@@ -74,15 +77,13 @@ def test_missing_local_copy_names_the_path_and_the_env_var(monkeypatch, tmp_path
     monkeypatch.setenv("ANNOTATED_DATA", str(tmp_path / "empty"))
     monkeypatch.setattr(data, "_download", lambda *a, **k: pytest.fail("must not download"))
     with pytest.raises(data.DataError) as err:
-        fetch(TRAIN_EN)
+        fetch(MULTI30K_FILES[TRAIN_EN])
     message = str(err.value)
     assert str(tmp_path / "empty" / TRAIN_EN) in message
     assert "ANNOTATED_DATA" in message
 
 
-def test_unknown_file_and_split():
-    with pytest.raises(KeyError, match="unknown data file"):
-        fetch("multi30k/task1/raw/train.fr.gz")
+def test_unknown_split():
     with pytest.raises(ValueError, match="test_2016_flickr"):
         load_multi30k("test")
 
@@ -140,12 +141,12 @@ def test_download_verifies_and_renames(monkeypatch, tmp_path, server):
     url, _, handler = server
     monkeypatch.delenv("ANNOTATED_DATA")                    # downloads are allowed only then
     monkeypatch.setenv("ANNOTATED_DATA_MIRROR", url)
-    path = fetch(VAL_DE, progress=False)
+    path = fetch(MULTI30K_FILES[VAL_DE], progress=False)
     assert path == tmp_path / "xdg-cache" / "annotated" / VAL_DE
     assert path.read_bytes() == (SHARED / VAL_DE).read_bytes()
     assert not path.with_name(path.name + ".part").exists()
     assert handler.log == [(f"/{VAL_DE}", None)]
-    fetch(VAL_DE, progress=False)                           # second call: local, verified, no request
+    fetch(MULTI30K_FILES[VAL_DE], progress=False)                           # second call: local, verified, no request
     assert len(handler.log) == 1
 
 
@@ -158,7 +159,7 @@ def test_download_resumes_a_partial_file(tmp_path, server, server_honours_range)
     part = root / (TRAIN_EN + ".part")
     part.parent.mkdir(parents=True)
     part.write_bytes(full[:200_000])
-    path = fetch(TRAIN_EN, root=root, download=True, base_url=url, progress=False)
+    path = fetch(MULTI30K_FILES[TRAIN_EN], root=root, download=True, base_url=url, progress=False)
     assert path.read_bytes() == full
     assert not part.exists()
     assert handler.log == [(f"/{TRAIN_EN}", "bytes=200000-")]
@@ -166,11 +167,11 @@ def test_download_resumes_a_partial_file(tmp_path, server, server_honours_range)
 
 def test_download_with_wrong_checksum_leaves_nothing(tmp_path, server):
     url, mirror, _ = server
-    (mirror / VAL_DE).write_bytes(b"x" * REGISTRY[VAL_DE].size)   # right size, wrong bytes
+    (mirror / VAL_DE).write_bytes(b"x" * MULTI30K_FILES[VAL_DE].size)   # right size, wrong bytes
     root = tmp_path / "root"
     with pytest.raises(ChecksumError) as err:
-        fetch(VAL_DE, root=root, download=True, base_url=url, progress=False)
-    assert REGISTRY[VAL_DE].sha256 in str(err.value) and "deleted" in str(err.value)
+        fetch(MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False)
+    assert MULTI30K_FILES[VAL_DE].sha256 in str(err.value) and "deleted" in str(err.value)
     assert f"was downloaded from {url}" in str(err.value)
     assert not (root / VAL_DE).exists()
     assert not (root / (VAL_DE + ".part")).exists()
@@ -183,10 +184,10 @@ def test_bad_partial_file_is_deleted_so_the_next_try_starts_over(tmp_path, serve
     part.parent.mkdir(parents=True)
     part.write_bytes(b"garbage")                             # resumed onto wrong bytes
     with pytest.raises(ChecksumError) as err:
-        fetch(VAL_DE, root=root, download=True, base_url=url, progress=False)
+        fetch(MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False)
     assert "the rest from an earlier attempt" in str(err.value)
     assert not part.exists()
-    assert fetch(VAL_DE, root=root, download=True, base_url=url, progress=False).is_file()
+    assert fetch(MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False).is_file()
     assert handler.log[-1] == (f"/{VAL_DE}", None)
 
 
@@ -195,15 +196,15 @@ def test_stale_complete_partial_file_is_not_reported_as_a_download(tmp_path, ser
     root = tmp_path / "root"
     part = root / (VAL_DE + ".part")
     part.parent.mkdir(parents=True)
-    part.write_bytes(b"x" * REGISTRY[VAL_DE].size)           # full size, wrong bytes, from an old try
+    part.write_bytes(b"x" * MULTI30K_FILES[VAL_DE].size)           # full size, wrong bytes, from an old try
     with pytest.raises(ChecksumError) as err:
-        fetch(VAL_DE, root=root, download=True, base_url=url, progress=False)
+        fetch(MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False)
     message = str(err.value)
     assert handler.log == []                                  # nothing was requested ...
     assert "earlier attempt" in message and "nothing was downloaded now" in message
     assert "was downloaded from" not in message               # ... and the message does not claim it
     assert not part.exists()
-    assert fetch(VAL_DE, root=root, download=True, base_url=url, progress=False).is_file()
+    assert fetch(MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False).is_file()
 
 
 # --- reading parallel text ----------------------------------------------------------------------
@@ -326,7 +327,7 @@ def test_foreign_model_is_rejected(tmp_path):
 
 
 def test_tokenizer_cache_is_keyed_by_what_the_model_depends_on():
-    from annotated.multi30k import multi30k_tokenizer
+    from annotated.tasks.multi30k import multi30k_tokenizer
 
     pairs = load_multi30k("val")
     first = multi30k_tokenizer(600, pairs)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import annotated
-from annotated import (PaperTokenizer, average_checkpoints, greedy_decode, make_model, sacrebleu_score,
-                       split_compounds, tokenized_bleu)
+from annotated import average_checkpoints, greedy_decode, make_model, sacrebleu_score, tokenized_bleu
+from annotated.bleu import PaperTokenizer, split_compounds
 from annotated.decoding import beam_search, beam_search_hypotheses, length_penalty, sequence_log_prob
 
 PAD, BOS, EOS = 0, 1, 2
@@ -295,7 +295,9 @@ def test_empty_lines_do_not_crash():
 
 
 def test_command_line(tmp_path):
-    module = annotated.sacrebleu_score.__module__             # the module that holds the command line
+    from annotated.cli.bleu import main as bleu_main
+
+    module = "annotated.cli.bleu"
     (tmp_path / "hyp").write_text("\n".join(HYPS) + "\n", encoding="utf-8")
     (tmp_path / "ref").write_text("\n".join(REFS) + "\n", encoding="utf-8")
     (tmp_path / "short").write_text("\n".join(HYPS[:2]) + "\n", encoding="utf-8")
@@ -304,16 +306,16 @@ def test_command_line(tmp_path):
     assert run.returncode == 0, run.stderr
     assert f"sacreBLEU      {sacrebleu_score(HYPS, REFS)[0]:.2f}" in run.stdout
     assert f"tokenized BLEU {tokenized_bleu(HYPS, REFS)[0]:.2f}" in run.stdout
-    from annotated.decoding import lowercase_tokenized_bleu
+    from annotated.bleu import lowercase_tokenized_bleu
     assert f"lowercased     {lowercase_tokenized_bleu(HYPS, REFS)[0]:.2f}" in run.stdout
     assert "RuntimeWarning" not in run.stderr
     with pytest.raises(SystemExit) as exit:
-        annotated.evaluate_cli(["--hyp", str(tmp_path / "short"), "--ref", str(tmp_path / "ref")])
+        bleu_main(["--hyp", str(tmp_path / "short"), "--ref", str(tmp_path / "ref")])
     assert exit.value.code == 2
 
 
 def test_lowercase_tokenized_bleu_is_multi_bleu_lc_on_moses_tokens():
-    from annotated.decoding import lowercase_tokenized_bleu
+    from annotated.bleu import lowercase_tokenized_bleu
 
     refs = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee, hinter dem Haus."]
     assert lowercase_tokenized_bleu(refs, refs)[0] == pytest.approx(100)

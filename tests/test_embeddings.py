@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from annotated import Embeddings, LearnedPositionalEncoding, PositionalEncoding, sinusoidal_table
+from annotated import Embeddings, LearnedPositionalEncoding, PositionalEncoding
+from annotated.embeddings import sinusoidal_table
 
 
 def test_embedding_scaled_by_sqrt_d_model():

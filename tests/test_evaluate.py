@@ -5,31 +5,34 @@ import sys
 
 import pytest
 
-from annotated import evaluate
-from annotated.decoding import sacrebleu_score
-from annotated.train import TrainingError, build_config, train
+from annotated.bleu import sacrebleu_score
+from annotated.cli import evaluate
+from annotated.errors import TrainingError
+from annotated.registry import build_config
+from annotated.tasks.copy import CopyTask
+from annotated.trainer import train
 
 
 @pytest.fixture(scope="module")
 def copy_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "copy"
     cfg = build_config("copy", ["max_steps=400", "checkpoint_every=100", "model.max_len=64"])
-    train(cfg, out, progress=False, command="python -m annotated.train --config copy (test)")
+    train(cfg, out, progress=False, command="python -m annotated.cli.train --config copy (test)")
     return out
 
 
 def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
     pairs = [("3 4 5 6", "3 4 5 6"), ("7 8 9", "7 8 9"), ("10 11 12 3 4", "10 11 12 3 4"), ("5 5 6", "5 5 6")]
-    monkeypatch.setitem(evaluate.TEST_SETS, "copy", {"toy": lambda: pairs})
+    monkeypatch.setattr(CopyTask, "test_sets", {"toy": lambda: pairs})
     report = evaluate.evaluate_run(copy_run, last=3)
     assert report["checkpoints"] == ["ckpt_00000200.pt", "ckpt_00000300.pt", "ckpt_00000400.pt"]
     toy = report["tests"]["toy"]
     assert toy["sentences"] == 4 and toy["sacrebleu"] >= 90 and "nrefs:1" in toy["sacrebleu_signature"]
     assert [t["source"] for t in report["translations"]["toy"]] == [s for s, _ in pairs]
     out = tmp_path / "results"
-    path = evaluate.write_results(out, copy_run, report, command="python -m annotated.evaluate (test)")
+    path = evaluate.write_results(out, copy_run, report, command="python -m annotated.cli.evaluate (test)")
     results = json.loads(path.read_text())
-    assert results["provenance"]["training_command"].startswith("python -m annotated.train --config copy")
+    assert results["provenance"]["training_command"].startswith("python -m annotated.cli.train --config copy")
     trained_on = json.loads((copy_run / "run.json").read_text())["device"]      # "cpu" or the GPU's name
     assert results["provenance"]["device"] == trained_on and trained_on and results["provenance"]["commit"]
     assert results["training"]["steps"] == 400 and results["evaluation"]["tests"]["toy"]["sentences"] == 4
@@ -42,14 +45,14 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
 def test_evaluate_refuses_runs_it_cannot_score(copy_run, tmp_path):
     with pytest.raises(TrainingError, match="no checkpoints in"):
         evaluate.evaluate_run(tmp_path)
-    with pytest.raises(TrainingError, match="no test sets are known for task 'copy'"):
+    with pytest.raises(TrainingError, match="task 'copy' has no test sets"):
         evaluate.evaluate_run(copy_run)
     with pytest.raises(TrainingError, match="run.json is missing"):
         evaluate.write_results(tmp_path / "r", tmp_path, {"translations": {}})
 
 
 def test_cli_reports_a_missing_run(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "annotated.evaluate", "--run", str(tmp_path / "nope")],
+    r = subprocess.run([sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path / "nope")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "no checkpoints in" in r.stderr and "train first" in r.stderr
 
@@ -77,7 +80,7 @@ def test_inputs_are_checked_before_any_decoding(copy_run, tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("flag", [["--last", "0"], ["--beam", "0"], ["--alpha", "nan"]])
 def test_cli_refuses_meaningless_search_settings(tmp_path, flag):
-    r = subprocess.run([sys.executable, "-m", "annotated.evaluate", "--run", str(tmp_path), *flag],
+    r = subprocess.run([sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path), *flag],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "must be at least 1" in r.stderr and "Traceback" not in r.stderr
 
@@ -89,7 +92,7 @@ def test_bleu_cli_strips_a_byte_order_mark_and_names_bad_bytes(tmp_path):
     bad.write_bytes(b"Ein Hund\xff\nZwei\n")
 
     def cli(h):
-        return subprocess.run([sys.executable, "-m", "annotated.decoding", "--hyp", str(h), "--ref", str(ref)],
+        return subprocess.run([sys.executable, "-m", "annotated.cli.bleu", "--hyp", str(h), "--ref", str(ref)],
                               capture_output=True, text=True)
     assert "sacreBLEU      100.00" in cli(hyp).stdout
     r = cli(bad)
@@ -97,11 +100,11 @@ def test_bleu_cli_strips_a_byte_order_mark_and_names_bad_bytes(tmp_path):
 
 
 def test_cli_turns_missing_data_and_ctrl_c_into_messages(copy_run, monkeypatch, capsys):
-    from annotated.data import DataError
+    from annotated.errors import DataError
 
     def missing():
         raise DataError("toy.de not found: looked for /nowhere/toy.de")
-    monkeypatch.setitem(evaluate.TEST_SETS, "copy", {"toy": missing})
+    monkeypatch.setattr(CopyTask, "test_sets", {"toy": missing})
     assert evaluate.main(["--run", str(copy_run)]) == 2
     assert "error: toy.de not found" in capsys.readouterr().err
 

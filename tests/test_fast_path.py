@@ -9,10 +9,14 @@ import torch
 from torch import nn
 
 from annotated import make_model
-from annotated.fast import FastDropout, FusedLabelSmoothing, make_fast
+from annotated.fast import FastDropout, make_fast
+from annotated.loss import FusedLabelSmoothing
 from annotated.multihead import MultiHeadedAttention
-from annotated.train import build_config, train
-from annotated.training import PAD, Batch, LabelSmoothing, loss_on_batch
+from annotated.registry import build_config
+from annotated.trainer import train
+from annotated.batching import PAD, Batch
+from annotated.loss import LabelSmoothing
+from annotated.trainer import loss_on_batch
 
 TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-5)}
 

@@ -5,8 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from annotated import (TRANSFORMER_BASE, TRANSFORMER_BIG, EncoderDecoder, ModelConfig, count_parameters,
-                       make_model, subsequent_mask)
+from annotated import TRANSFORMER_BASE, TRANSFORMER_BIG, EncoderDecoder, ModelConfig, count_parameters, make_model, subsequent_mask
 
 PAD = 0
 

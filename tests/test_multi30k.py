@@ -1,9 +1,11 @@
 """Multi30k as a trainer task (chapter 9): framing of sources and targets, batches, translate."""
 import torch
 
-from annotated.data import load_multi30k
-from annotated.multi30k import Multi30kTask, make_batch, multi30k_cpu_config, translate
-from annotated.training import BOS, EOS, PAD
+from annotated.datasets.multi30k import load_multi30k
+from annotated.batching import make_batch
+from annotated.tasks.multi30k import Multi30kTask, multi30k_cpu_config
+from annotated.translation import translate
+from annotated.batching import BOS, EOS, PAD
 
 
 def test_sources_end_and_targets_are_framed():
@@ -32,12 +34,12 @@ class EchoModel(torch.nn.Module):
 
 def test_translate_decodes_without_special_tokens(monkeypatch):
     import importlib
-    multi30k = importlib.import_module("annotated.multi30k")
+    translation = importlib.import_module("annotated.translation")
     task_tokenizer = Multi30kTask(multi30k_cpu_config()).tokenizer
 
     def fake_beam_search(model, src, src_mask, max_len, bos, eos, *, beam_size, alpha):
         return [[BOS] + [t for t in row if t not in (PAD, EOS)] + [EOS, PAD] for row in src.tolist()]
-    monkeypatch.setattr(multi30k, "beam_search", fake_beam_search)
+    monkeypatch.setattr(translation, "beam_search", fake_beam_search)
     sentences = ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball."]
     out = translate(EchoModel(task_tokenizer.vocab_size), task_tokenizer, sentences)
     assert out == ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball."]

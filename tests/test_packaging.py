@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ["train", "translate", "decoding", "evaluate"]
+COMMANDS = ["train", "translate", "bleu", "evaluate"]
 
 
 def torch_pin() -> str:
@@ -41,4 +41,4 @@ def test_pip_install_into_an_empty_environment(tmp_path):
     where = run("-c", "import annotated; print(annotated.__file__); print(annotated.make_model(11, 11))")
     assert "site-packages" in where and "EncoderDecoder" in where
     for name in COMMANDS:
-        assert "usage:" in run("-m", f"annotated.{name}", "--help")
+        assert "usage:" in run("-m", f"annotated.cli.{name}", "--help")

@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from annotated.registry import build_config
+
 TINY = ["--set", "model.N=1", "--set", "model.d_model=16", "--set", "model.d_ff=32", "--set", "model.h=2",
         "--set", "batch_sentences=8", "--set", "log_every=1"]
 
 
 def run_trainer(*args, launcher=None, timeout=300, check=True, **env_extra):
     env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
-    cmd = (launcher or [sys.executable, "-m"]) + ["annotated.train", "--no-progress", *args]
+    cmd = (launcher or [sys.executable, "-m"]) + ["annotated.cli.train", "--no-progress", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if check:
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -56,7 +58,7 @@ def test_sigkill_then_resume_is_identical(tmp_path):
             "--set", "model.dropout=0.1", "--set", "keep_last=50"]
     run_trainer(*args, "--out", str(tmp_path / "straight"))
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "annotated.train", "--no-progress", *args, "--out", str(killed)],
+    proc = subprocess.Popen([sys.executable, "-m", "annotated.cli.train", "--no-progress", *args, "--out", str(killed)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
     deadline = time.time() + 120
     while not list((killed / "checkpoints").glob("ckpt_*.pt")) and time.time() < deadline and proc.poll() is None:
@@ -155,7 +157,7 @@ def test_max_steps_zero_or_negative_is_refused(tmp_path, value):
     ("warmup=0", "warmup"), ("model.d_model=65", "model.d_model"), ("accum=0", "accum"),
     ("log_every=0", "log_every"), ("model.dropout=2", "model.dropout"), ("lr_factor=nan", "lr_factor")])
 def test_unusable_values_are_refused_before_training(setting, key):
-    from annotated.train import ConfigError, build_config
+    from annotated.errors import ConfigError
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         build_config("copy", [setting])
 
@@ -163,7 +165,7 @@ def test_unusable_values_are_refused_before_training(setting, key):
 def test_second_trainer_on_the_same_folder_is_refused_and_a_kill_frees_it(tmp_path):
     out = tmp_path / "run"
     args = ["--config", "copy", *TINY, "--set", "max_steps=100000", "--set", "checkpoint_every=5", "--out", str(out)]
-    first = subprocess.Popen([sys.executable, "-m", "annotated.train", "--no-progress", *args],
+    first = subprocess.Popen([sys.executable, "-m", "annotated.cli.train", "--no-progress", *args],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         deadline = time.time() + 120
@@ -180,7 +182,7 @@ def test_second_trainer_on_the_same_folder_is_refused_and_a_kill_frees_it(tmp_pa
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
     out = tmp_path / "run"
     args = ["--config", "copy", *TINY, "--set", "max_steps=100000", "--set", "checkpoint_every=5", "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "annotated.train", "--no-progress", *args], text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "annotated.cli.train", "--no-progress", *args], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1"))
     deadline = time.time() + 120
     while not list((out / "checkpoints").glob("ckpt_*.pt")) and time.time() < deadline:
@@ -192,10 +194,10 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
 
 
 def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_path, monkeypatch):
-    trainer = importlib.import_module("annotated.train")      # the module (annotated.train is also a function)
+    trainer = importlib.import_module("annotated.trainer")
     out = tmp_path / "run"
-    cfg = trainer.build_config("copy", ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2",
-                                        "max_steps=4", "checkpoint_every=2"])
+    cfg = build_config("copy", ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2",
+                          "max_steps=4", "checkpoint_every=2"])
     trainer.train(cfg, out, progress=False)
     before = {p.name: p.read_bytes() for p in trainer.checkpoint_paths(out)}
 
@@ -211,8 +213,7 @@ def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_p
 
 
 def test_resume_keeps_the_earlier_segment_and_logs_the_rate_each_step_used(tmp_path):
-    from annotated.train import build_config
-    from annotated.training import rate
+    from annotated.schedule import rate
     first = build_config("copy").lr_factor                  # the configuration's own factor
     out = tmp_path / "run"
     run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
@@ -243,9 +244,9 @@ def test_files_that_are_not_checkpoints_or_json_get_messages(tmp_path):
 
 def test_a_refused_start_releases_the_folder_for_the_same_process(tmp_path):
     """In a notebook the traceback keeps the failed call's frame alive: the lock must not live in it."""
-    trainer = importlib.import_module("annotated.train")
-    cfg = trainer.build_config("copy", ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2",
-                                        "max_steps=2"])
+    trainer = importlib.import_module("annotated.trainer")
+    cfg = build_config("copy", ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2",
+                          "max_steps=2"])
     trainer.train(cfg, tmp_path, progress=False)
     with pytest.raises(trainer.TrainingError, match="already holds checkpoints") as failed:
         trainer.train(cfg, tmp_path, progress=False)

@@ -6,8 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from annotated import make_model
-from annotated.training import (BOS, EOS, PAD, Batch, LabelSmoothing, TokenBatchSampler, copy_batch, greedy_decode,
-                                make_optimizer, rate, train_step)
+from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler
+from annotated.decoding import greedy_decode
+from annotated.loss import LabelSmoothing
+from annotated.schedule import make_optimizer, rate
+from annotated.tasks.copy import copy_batch
+from annotated.trainer import train_step
 
 
 def test_batch_shifts_and_masks():
@@ -128,7 +132,8 @@ def test_greedy_decode_shapes_and_end_symbol():
 
 def test_copy_task_learns_to_copy():
     """The copy task reaches exact copies of held-out sequences (about 40 s on 2 CPU cores)."""
-    from annotated.train import build_config, train
+    from annotated.registry import build_config
+    from annotated.trainer import train
     import tempfile
     cfg = build_config("copy")
     with tempfile.TemporaryDirectory() as tmp:

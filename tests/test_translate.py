@@ -1,12 +1,15 @@
-"""`python -m annotated.translate`: model rebuilt from the checkpoint, bad checkpoints and inputs."""
+"""`python -m annotated.cli.translate`: model rebuilt from the checkpoint, bad checkpoints and inputs."""
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from annotated.train import TrainingError, build_config, train
-from annotated.translate import IdTokenizer, load_model
+from annotated.errors import TrainingError
+from annotated.registry import build_config
+from annotated.trainer import train
+from annotated.tasks.copy import IdTokenizer
+from annotated.translation import load_model
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +46,16 @@ def test_checkpoint_of_another_shape_names_the_parameters(checkpoint, tmp_path):
 
 
 def test_missing_checkpoint_and_bad_symbols(checkpoint, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "annotated.translate", "--checkpoint", str(tmp_path / "none.pt")],
+    r = subprocess.run([sys.executable, "-m", "annotated.cli.translate", "--checkpoint", str(tmp_path / "none.pt")],
                        input="3 4\n", capture_output=True, text=True)
     assert r.returncode == 2 and "does not exist" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "annotated.translate", "--checkpoint", str(checkpoint[-1])],
+    r = subprocess.run([sys.executable, "-m", "annotated.cli.translate", "--checkpoint", str(checkpoint[-1])],
                        input="3 4\nhello\n", capture_output=True, text=True)
     assert r.returncode == 2 and "integers separated by spaces" in r.stderr
 
 
 def cli(*args, stdin: bytes = b"3 4\n"):
-    return subprocess.run([sys.executable, "-m", "annotated.translate", *map(str, args)], input=stdin,
+    return subprocess.run([sys.executable, "-m", "annotated.cli.translate", *map(str, args)], input=stdin,
                           capture_output=True)
 
 
@@ -96,7 +99,7 @@ def test_ctrl_c_gives_a_message_not_a_traceback(checkpoint, monkeypatch, capsys)
     import importlib
     import io
 
-    cli = importlib.import_module("annotated.translate")     # the module; annotated.translate is the function
+    cli = importlib.import_module("annotated.cli.translate")     # the module; annotated.translate is the function
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
