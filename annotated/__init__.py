@@ -6,31 +6,31 @@ in `annotated.cli` and are not imported here.
 """
 
 from .attention import attention, subsequent_mask
-from .multihead import MultiHeadedAttention
-from .layers import PositionwiseFeedForward, SublayerConnection, EncoderLayer, DecoderLayer
-from .embeddings import Embeddings, Generator, PositionalEncoding, LearnedPositionalEncoding
+from .batching import BOS, EOS, PAD, Batch, TokenBatchSampler, make_batch
+from .bleu import lowercase_tokenized_bleu, sacrebleu_score, tokenized_bleu
+from .checkpoints import average_checkpoints
+from .config import TrainConfig
+from .decoding import beam_search, greedy_decode, length_penalty
+from .embeddings import Embeddings, Generator, LearnedPositionalEncoding, PositionalEncoding
+from .fast import make_fast
+from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, SublayerConnection
+from .loss import FusedLabelSmoothing, LabelSmoothing
 from .model import (
-    Encoder,
-    Decoder,
-    EncoderDecoder,
-    ModelConfig,
-    make_model,
     TRANSFORMER_BASE,
     TRANSFORMER_BIG,
+    Decoder,
+    Encoder,
+    EncoderDecoder,
+    ModelConfig,
     count_parameters,
+    make_model,
 )
-from .batching import PAD, BOS, EOS, Batch, make_batch, TokenBatchSampler
-from .loss import LabelSmoothing, FusedLabelSmoothing
-from .schedule import rate, make_optimizer
-from .fast import make_fast
-from .decoding import greedy_decode, beam_search, length_penalty
-from .checkpoints import average_checkpoints
-from .bleu import sacrebleu_score, tokenized_bleu, lowercase_tokenized_bleu
-from .tokenizer import Tokenizer, train_tokenizer, load_tokenizer
-from .config import TrainConfig
+from .multihead import MultiHeadedAttention
 from .registry import CONFIGS, TASKS, build_config
+from .schedule import make_optimizer, rate
+from .tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from .trainer import train
-from .translation import translate, load_model
+from .translation import load_model, translate
 
 __all__ = [
     "attention",

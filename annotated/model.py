@@ -19,7 +19,13 @@ from dataclasses import dataclass, fields
 
 from torch import nn
 
-from .embeddings import Embeddings, Generator, LearnedPositionalEncoding, PositionalEncoding
+from annotated.embeddings import (
+    Embeddings,
+    Generator,
+    LearnedPositionalEncoding,
+    PositionalEncoding,
+)
+
 from .layers import LAYER_NORM_EPS, DecoderLayer, EncoderLayer, PositionwiseFeedForward
 from .multihead import MultiHeadedAttention, clones
 

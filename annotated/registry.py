@@ -11,7 +11,6 @@ from .errors import ConfigError
 from .tasks.copy import CopyTask, copy_config
 from .tasks.multi30k import Multi30kTask, multi30k_config, multi30k_cpu_config
 
-
 # %% ../notebooks/09_multi30k.ipynb #c011b
 TASKS = {"copy": CopyTask, "multi30k": Multi30kTask}
 CONFIGS = {"copy": copy_config, "multi30k": multi30k_config, "multi30k-cpu": multi30k_cpu_config}

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from .batching import BOS, EOS, PAD
 
-
 # %% ../notebooks/08_multi30k_data.ipynb #c016
 UNK = 3  # unknown-piece id; PAD, BOS, EOS (0, 1, 2) come from the training chapter
 

@@ -84,7 +84,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .checkpoints import (
+from annotated.checkpoints import (
     all_finite,
     checkpoint_paths,
     load_checkpoint,
@@ -95,6 +95,8 @@ from .checkpoints import (
     save_checkpoint,
     write_text_atomic,
 )
+
+from .batching import PAD
 from .config import TrainConfig, validate_config
 from .distributed import all_sum, setup_distributed
 from .errors import ConfigError, TrainingError
@@ -103,7 +105,6 @@ from .loss import FusedLabelSmoothing, LabelSmoothing
 from .model import make_model
 from .registry import TASKS
 from .schedule import make_optimizer
-from .batching import PAD
 
 
 # %% ../notebooks/06c_trainer.ipynb #c015

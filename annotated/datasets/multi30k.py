@@ -7,7 +7,6 @@ __all__ = ["MULTI30K_FILES", "MULTI30K_SPLITS", "load_multi30k"]
 # Multi30k task 1, English-German: its files and splits.
 from .download import RemoteFile, fetch, read_parallel
 
-
 # %% ../../notebooks/08_multi30k_data.ipynb #c005a
 _MULTI30K = (
     "https://raw.githubusercontent.com/multi30k/dataset/"
