@@ -68,7 +68,7 @@ class CopyTask:
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.tokenizer = IdTokenizer(cfg.vocab)
+        self.tokenizer = self.tokenizer_for(cfg)
         self.src_vocab = self.tgt_vocab = cfg.vocab
 
     @staticmethod
