@@ -36,11 +36,13 @@ book: install              ## build the book into _build/html, executing every n
 test: install lint         ## every test: lint, unit tests, notebooks under nbval, packaging
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15
 
-# ruff on the package with pyproject.toml's rules. Lines over 100 characters (E501) are not yet
-# enforced: about 45 long strings and docstrings remain to be wrapped in the notebooks.
-lint: install              ## ruff on the generated package (imports, bugs, formatting)
-	$(VENV)/bin/ruff check --extend-ignore E501 annotated
-	$(VENV)/bin/ruff format --check annotated
+# ruff with pyproject.toml's rules (line length 100, imports, likely bugs) and ruff's formatting, on
+# everything that holds code: the generated package, the notebooks, tools, tests and benchmarks.
+LINTED := annotated notebooks tools tests benchmarks conftest.py
+
+lint: install              ## ruff check and ruff format --check on all the code, notebooks included
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 
 # The notebooks once more, under another CPU's kernels (tools/other_cpu.py) and two threads. Chapter
 # 9b is left out: it trains for minutes, and what its run prints is not compared (nbval-ignore-output).

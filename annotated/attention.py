@@ -37,7 +37,8 @@ def _check_shapes(query, key, value, mask):
     """Raise a ValueError that names the mismatched dimensions."""
     if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
         raise ValueError(
-            "attention: query, key and value need at least 2 dimensions (..., positions, features); "
+            "attention: query, key and value need at least 2 dimensions "
+            "(..., positions, features); "
             f"got query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
         )
     if query.size(-1) != key.size(-1):

@@ -43,7 +43,7 @@ class Batch:
 
 # %% ../notebooks/06_training.ipynb #c022
 class TokenBatchSampler:
-    """Groups example indices into batches of at most `max_tokens` padded tokens per side (paper 5.1).
+    """Groups example indices into batches of at most `max_tokens` padded tokens a side (5.1).
 
     lengths: one (source length, target length) per example. Iterating yields lists of indices;
     the order depends only on (seed, epoch).

@@ -33,7 +33,8 @@ def _check_corpora(hyps, refs, who: str):
 
 
 def sacrebleu_score(hyps, refs) -> tuple[float, str]:
-    """Corpus BLEU of detokenised hypotheses against one reference each, sacreBLEU defaults -> (score, signature)."""
+    """Corpus BLEU of detokenised hypotheses, one reference each, sacreBLEU defaults
+    -> (score, signature)."""
     hyps, refs = _check_corpora(hyps, refs, "sacrebleu_score")
     bleu = BLEU()
     return bleu.corpus_score(hyps, [refs]).score, str(bleu.get_signature())
@@ -60,7 +61,7 @@ class PaperTokenizer:
 
 
 def tokenized_bleu(hyps, refs, lang: str = "de") -> tuple[float, str]:
-    """The paper's BLEU (comparable to Table 2, NOT to sacreBLEU) -> (score, description of the settings)."""
+    """The paper's BLEU (comparable to Table 2, NOT to sacreBLEU) -> (score, its settings)."""
     hyps, refs = _check_corpora(hyps, refs, "tokenized_bleu")
     tok = PaperTokenizer(lang)
     bleu = BLEU(tokenize="none", smooth_method="none", force=True)

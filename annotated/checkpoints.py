@@ -30,7 +30,7 @@ from .errors import TrainingError
 
 # %% ../notebooks/06c_trainer.ipynb #c013
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Write text to a temporary name beside `path`, then rename: readers see the old file or the new one."""
+    """Write text to a temporary name beside `path`, then rename: readers see old or new, whole."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
@@ -128,7 +128,7 @@ def all_finite(model: torch.nn.Module) -> bool:
 
 
 def lock_out_dir(out: Path):
-    """Hold an exclusive lock on out/trainer.lock for this process's lifetime: one trainer per folder.
+    """Hold an exclusive lock on out/trainer.lock while this process lives: one trainer a folder.
     The operating system releases it when the process ends, however it ends."""
     import fcntl
 
@@ -174,7 +174,8 @@ def _state_dict_of(checkpoint, path) -> dict:
     ):
         raise ValueError(
             f"average_checkpoints: {path} holds neither a state_dict nor a dict with the "
-            f"state_dict under 'model'; save checkpoints with torch.save({{'model': model.state_dict()}}, path)."
+            "state_dict under 'model'; save checkpoints with "
+            "torch.save({'model': model.state_dict()}, path)."
         )
     return checkpoint
 

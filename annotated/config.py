@@ -16,7 +16,7 @@ from .model import ModelConfig
 # %% ../notebooks/06c_trainer.ipynb #c004
 @dataclass
 class TrainConfig:
-    """Everything that defines a training run. Paper values are noted; the copy task uses small ones."""
+    """Everything that defines a training run. Paper values are noted; the copy task's are small."""
 
     task: str = "copy"  # which data: see TASKS
     model: ModelConfig = field(default_factory=ModelConfig)

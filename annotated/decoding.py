@@ -25,7 +25,7 @@ from .attention import subsequent_mask
 def greedy_decode(
     model, src, src_mask, max_len: int, start_symbol: int, *, end_symbol: int | None = None
 ):
-    """Most probable token at each step. Returns (batch, <= max_len) ids starting with `start_symbol`.
+    """Most probable token at each step -> (batch, <= max_len) ids starting with `start_symbol`.
 
     With `end_symbol`, stops once every sentence has produced it and fills later positions with it.
     """
@@ -55,7 +55,7 @@ from .attention import attention
 
 # %% ../notebooks/07_decoding_and_evaluation.ipynb #c008
 def length_penalty(length: torch.Tensor, alpha: float) -> torch.Tensor:
-    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| counting the end symbol (Wu et al. 2016)."""
+    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| counting </s> (Wu et al. 2016)."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -155,7 +155,7 @@ def _eval_mode(model):
 
 
 class RecomputingDecoder:
-    """Next-token log-probabilities by running the decoder on the whole prefix at every step (no cache).
+    """Next-token log-probabilities from the decoder run on the whole prefix at every step.
 
     memory: (rows, n_src, d_model) and src_mask: (rows, 1, n_src) hold one row per hypothesis.
     """
@@ -183,7 +183,7 @@ def _merge_heads(attn, x):
 
 
 def _residual(connection, x, sublayer):
-    """SublayerConnection.forward written out: LayerNorm(x + f(x)) (post-norm) or x + f(LayerNorm(x))."""
+    """SublayerConnection.forward: LayerNorm(x + f(x)) (post-norm) or x + f(LayerNorm(x))."""
     if connection.norm_first:
         return x + connection.dropout(sublayer(connection.norm(x)))
     return connection.norm(x + connection.dropout(sublayer(x)))
@@ -231,7 +231,7 @@ class CachingDecoder:
         return _merge_heads(attn, out)  # (rows, 1, d_model)
 
     def step(self, ys: torch.Tensor) -> torch.Tensor:
-        """ys: (rows, t + 1) tokens so far, of which only the last is new -> (rows, vocab) log-probabilities."""
+        """ys: (rows, t + 1) tokens so far, the last one new -> (rows, vocab) log-probs."""
         if ys.size(1) != self.t + 1:
             raise ValueError(
                 f"CachingDecoder.step: the cache holds {self.t} positions, so ys must have "
@@ -250,7 +250,7 @@ class CachingDecoder:
     def reorder(self, rows: torch.Tensor):
         """New row r continues old row rows[r]: reorder the cached keys and values of the past.
 
-        The memory's keys and values stay: beams only move within a sentence, whose rows share one memory.
+        The memory's keys and values stay: beams move within a sentence, which shares one memory.
         """
         self.past_kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.past_kv]
 
@@ -270,7 +270,7 @@ def beam_search_hypotheses(
     use_cache: bool = True,
     on_step=None,
 ) -> list[list[Hypothesis]]:
-    """Beam search for each sentence of src (batch, n_src); returns each sentence's final beam, best first.
+    """Beam search on each sentence of src (batch, n_src) -> each sentence's last beam, best first.
 
     max_len counts the start symbol, as in greedy_decode; None means the paper's limit, n_src + 50
     generated tokens per sentence (n_src = its real source tokens).
@@ -308,7 +308,7 @@ def beam_search(
     *,
     use_cache: bool = True,
 ) -> list[list[int]]:
-    """The best hypothesis of each sentence: token ids without the start symbol and without the end symbol.
+    """The best hypothesis of each sentence: token ids without the start and end symbols.
 
     Paper defaults: beam_size=4, alpha=0.6, max_len=None (source length + 50).
     use_cache=False recomputes the whole prefix at every step (same result, slower).

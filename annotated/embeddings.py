@@ -33,7 +33,7 @@ class Embeddings(nn.Module):
 
 
 class Generator(nn.Module):
-    """Pre-softmax linear transformation and log-softmax: (..., d_model) -> (..., vocab) log-probabilities."""
+    """Pre-softmax linear map and log-softmax: (..., d_model) -> (..., vocab) log-probabilities."""
 
     def __init__(self, d_model: int, vocab: int):
         super().__init__()

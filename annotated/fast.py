@@ -14,7 +14,7 @@ from .multihead import MultiHeadedAttention
 
 # %% ../notebooks/06b_fast_path.ipynb #c013
 class FastDropout(nn.Dropout):
-    """nn.Dropout whose CPU mask uses 16 random bits per element; on other devices, nn.Dropout itself.
+    """nn.Dropout whose CPU mask uses 16 random bits per element; elsewhere, nn.Dropout itself.
 
     The rate is rounded to a multiple of 2^-16 (0.1 -> 0.100006), and outputs are scaled by the
     rounded keep probability, so E[output] = input exactly. Seeded by torch.manual_seed as usual.

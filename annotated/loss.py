@@ -11,7 +11,7 @@ from torch import nn
 
 # %% ../notebooks/06_training.ipynb #c008
 class LabelSmoothing(nn.Module):
-    """KL(q || p) summed over positions, with q the label-smoothed target distribution (paper 5.4)."""
+    """KL(q || p) summed over positions; q is the label-smoothed target distribution (paper 5.4)."""
 
     def __init__(self, size: int, padding_idx: int, smoothing: float = 0.1):
         super().__init__()
@@ -27,7 +27,7 @@ class LabelSmoothing(nn.Module):
         self.true_dist = None  # the last target distribution, for pictures
 
     def target_distribution(self, target: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-        """(n,) token ids -> (n, size) smoothed distribution q; rows of padding targets are all zero."""
+        """(n,) token ids -> (n, size) smoothed distribution q; rows of padding targets are zero."""
         q = torch.full(
             (target.size(0), self.size),
             self.smoothing / (self.size - 2),
@@ -43,7 +43,8 @@ class LabelSmoothing(nn.Module):
         """x: (n, size) log-probabilities; target: (n,) token ids -> scalar summed loss."""
         if x.size(1) != self.size:
             raise ValueError(
-                f"LabelSmoothing: expected log-probabilities over {self.size} tokens, got {x.size(1)}"
+                f"LabelSmoothing: expected log-probabilities over {self.size} tokens, "
+                f"got {x.size(1)}"
             )
         self.true_dist = self.target_distribution(target, x.dtype)
         return self.criterion(x, self.true_dist)
@@ -61,7 +62,7 @@ def _smoothing_entropy(confidence: float, eps: float, size: int) -> float:
 
 
 class SmoothedKL(torch.autograd.Function):
-    """Summed KL(q || softmax(z)) over rows of logits z, with q as in LabelSmoothing; backward: p - q."""
+    """Summed KL(q || softmax(z)) over rows of logits z, q as in LabelSmoothing; backward p - q."""
 
     @staticmethod
     @torch.amp.custom_fwd(

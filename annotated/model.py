@@ -13,7 +13,7 @@ __all__ = [
 ]
 
 # %% ../notebooks/05_full_model.ipynb #c002
-# The encoder-decoder model and `make_model`, with the paper's configurations (section 3.1, Table 3).
+# The encoder-decoder model and `make_model`, with the paper's configurations (3.1, Table 3).
 import copy
 from dataclasses import dataclass, fields
 
@@ -65,7 +65,7 @@ class Decoder(nn.Module):
 
 # %% ../notebooks/05_full_model.ipynb #c007
 class EncoderDecoder(nn.Module):
-    """The Transformer: embed, encode, embed, decode; `generator` maps decoder output to log-probabilities."""
+    """The Transformer: embed, encode, embed, decode; `generator` gives log-probabilities."""
 
     def __init__(
         self,
@@ -81,7 +81,7 @@ class EncoderDecoder(nn.Module):
         self.generator = generator
 
     def forward(self, src, tgt, src_mask, tgt_mask):
-        """src: (batch, n_src) ids, tgt: (batch, n_tgt) ids -> decoder output (batch, n_tgt, d_model)."""
+        """src (batch, n_src), tgt (batch, n_tgt) ids -> decoder output (batch, n_tgt, d_model)."""
         return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
 
     def encode(self, src, src_mask):

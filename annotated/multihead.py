@@ -21,14 +21,15 @@ def clones(module: nn.Module, n: int) -> nn.ModuleList:
 
 
 def stacked_linear(x, *layers: nn.Linear):
-    """x through several nn.Linear layers at once: their weights side by side, one matmul, one output each."""
+    """x through several nn.Linear layers at once: one matmul, one output each."""
     w = torch.cat([m.weight for m in layers])  # (sum of out_features, in_features)
     b = torch.cat([m.bias for m in layers])
     return F.linear(x, w, b).split([m.out_features for m in layers], dim=-1)
 
 
 class MultiHeadedAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
 
     def __init__(self, h: int, d_model: int, dropout: float = 0.0, *, fast: bool = False):
         super().__init__()

@@ -30,7 +30,7 @@ TOKENIZER_OPTIONS = dict(
 
 
 class Tokenizer:
-    """Sentences <-> token ids with a SentencePiece model whose special ids are PAD, BOS, EOS, UNK."""
+    """Sentences <-> token ids with a SentencePiece model; special ids PAD, BOS, EOS, UNK."""
 
     def __init__(self, processor):
         specials = (processor.pad_id(), processor.bos_id(), processor.eos_id(), processor.unk_id())

@@ -17,7 +17,8 @@ def loss_on_batch(model, batch: Batch, criterion, *, autocast=None):
     """Summed label-smoothed loss of one batch (model may be DDP-wrapped).
 
     A criterion marked `fused` (chapter 6b) takes the decoder output and the generator, and
-    computes projection, log-softmax and loss together; the reference criterion takes log-probabilities.
+    computes projection, log-softmax and loss together; the reference criterion takes
+    log-probabilities.
     """
     core = model.module if hasattr(model, "module") else model
     with autocast or nullcontext():
@@ -142,7 +143,7 @@ def _check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
 
 
 def _record_run(out: Path, record: dict, step: int):
-    """run.json describes the current segment; earlier segments (before a --resume) stay under "history"."""
+    """run.json describes the current segment; earlier ones stay in "history"."""
     run_file = out / "run.json"
     history = []
     if step > 0 and run_file.exists():
@@ -371,7 +372,8 @@ def _train_locked(
     }
     if rank == 0:
         print(
-            f"done: step {step}/{cfg.max_steps} in {seconds:.1f} s ({summary['target_tokens_per_s']:,.0f} target "
+            f"done: step {step}/{cfg.max_steps} in {seconds:.1f} s "
+            f"({summary['target_tokens_per_s']:,.0f} target "
             f"tokens/s). Checkpoints: {out / 'checkpoints'} "
             f"(last: {last_path.name if last_path else 'none'}); metrics: {out / 'metrics.jsonl'}"
         )

@@ -29,7 +29,7 @@ def translate(
     max_len: int | None = None,
     progress: bool = False,
 ) -> list[str]:
-    """Translate a list of strings with beam search; returns one string per input (empty in, empty out).
+    """Translate a list of strings with beam search -> one string per input (empty in, empty out).
 
     progress=True shows a progress bar over the batches on standard error.
     """
@@ -44,7 +44,8 @@ def translate(
     for i, e in enumerate(encoded):
         if e is not None and len(e) > limit:
             raise ValueError(
-                f"translate: line {i + 1} has {len(e)} tokens (with </s>); this model translates at "
+                f"translate: line {i + 1} has {len(e)} tokens (with </s>); "
+                "this model translates at "
                 f"most {limit}. Split the line, or train with a larger model.max_len."
             )
     order = sorted(

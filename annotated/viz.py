@@ -19,7 +19,8 @@ def _book_renderer(spec: dict, **kwargs) -> dict:
     div = "vega-" + hashlib.sha256(text.encode()).hexdigest()[:16]
     html = (
         f'<div id="{div}" class="vega-chart"></div>\n'
-        f'<script type="text/javascript">vegaEmbed("#{div}", {text}, {{"actions": false}});</script>'
+        '<script type="text/javascript">'
+        f'vegaEmbed("#{div}", {text}, {{"actions": false}});</script>'
     )
     return {
         "text/html": html,
@@ -31,7 +32,7 @@ alt.renderers.register("annotated_book", _book_renderer)
 
 
 def enable_book_charts(force: bool | None = None) -> str:
-    """Pick the Altair renderer: the offline book embed when building the book, Altair's default otherwise."""
+    """The Altair renderer: the offline embed when building the book, Altair's default otherwise."""
     book = os.environ.get("ANNOTATED_BOOK") == "1" if force is None else force
     name = "annotated_book" if book else "default"
     alt.renderers.enable(name)

@@ -1,20 +1,23 @@
 """Everything the book claims about GPUs, measured in one command on any CUDA machine:
 
-    python benchmarks/gpu_suite.py [--json results/benchmarks/gpu-h100.json] [--parts tests,base,big,wmt]
+    python benchmarks/gpu_suite.py [--json results/benchmarks/gpu-h100.json]
+                                   [--parts tests,base,big,wmt]
 
 Parts, each run in its own process so that one failure does not hide the others:
-- tests: the CUDA tests (tests/test_cuda.py) and the trainer's tests, which run on the GPU when there is one;
+- tests: the CUDA tests (tests/test_cuda.py) and the trainer's tests, which run on the GPU when
+  there is one;
 - base, big: the training-step benchmark at 25,000 target tokens per step in bf16, every fast-path
   stage against the reference and torch.nn.Transformer, with and without torch.compile; then beam-4
   decoding (cached and uncached), reported in sentences per second;
 - wmt: the fast path of wmt14-base and wmt14-big on batches whose lengths follow real WMT sentences,
-  at 25,000 tokens per step (one GPU) and at 3,125 tokens (one of eight GPUs sharing 25,000), and the
-  projected hours to 100k and 300k steps. A projection: it multiplies measured step times and leaves
-  out all-reduce time, data loading and checkpoints.
+  at 25,000 tokens per step (one GPU) and at 3,125 tokens (one of eight GPUs sharing 25,000), and
+  the projected hours to 100k and 300k steps. A projection: it multiplies measured step times and
+  leaves out all-reduce time, data loading and checkpoints.
 
 On a machine without CUDA it says so and runs nothing. The JSON file holds each part's command,
 exit code, output tail and figures, with provenance (commit, device, date, torch version).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,12 +32,17 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from train_step import provenance  # noqa: E402
+from train_step import provenance
 
 ROOT = HERE.parent
 PARTS = ("tests", "base", "big", "wmt")
-TESTS = ["tests/test_cuda.py", "tests/test_train.py", "tests/test_fast_path.py", "tests/test_decoding.py",
-         "tests/test_training.py"]
+TESTS = [
+    "tests/test_cuda.py",
+    "tests/test_train.py",
+    "tests/test_fast_path.py",
+    "tests/test_decoding.py",
+    "tests/test_training.py",
+]
 STEPS = (100_000, 300_000)
 
 
@@ -44,17 +52,33 @@ def run(cmd: list[str], timeout: float) -> dict:
     try:
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         code, output = r.returncode, r.stdout + r.stderr
-    except subprocess.TimeoutExpired as e:        # text=True: what it printed so far is a str, or None
+    except subprocess.TimeoutExpired as e:  # text=True: what it printed so far is a str, or None
         code, output = "timeout", (e.stdout or "") + (e.stderr or "")
     print(f"[{time.time() - start:6.0f} s] rc={code} {' '.join(cmd)}", flush=True)
-    return {"command": " ".join(cmd), "returncode": code, "seconds": round(time.time() - start, 1),
-            "output_tail": output[-4000:]}
+    return {
+        "command": " ".join(cmd),
+        "returncode": code,
+        "seconds": round(time.time() - start, 1),
+        "output_tail": output[-4000:],
+    }
 
 
 def benchmark(preset: str, tokens: int, tmp: Path, *extra: str, timeout: float = 900) -> dict:
     out = tmp / f"{preset}-{tokens}.json"
-    part = run([sys.executable, "benchmarks/train_step.py", "--preset", preset, "--tokens", str(tokens),
-                "--json", str(out), *extra], timeout)
+    part = run(
+        [
+            sys.executable,
+            "benchmarks/train_step.py",
+            "--preset",
+            preset,
+            "--tokens",
+            str(tokens),
+            "--json",
+            str(out),
+            *extra,
+        ],
+        timeout,
+    )
     if out.exists():
         part["report"] = json.loads(out.read_text())
     return part
@@ -62,19 +86,31 @@ def benchmark(preset: str, tokens: int, tmp: Path, *extra: str, timeout: float =
 
 def projection(single: dict, shard: dict) -> dict:
     """Hours to 100k and 300k steps from measured seconds per step (fast path, no compile)."""
+
     def seconds(part):
-        return part["report"]["training"]["results"]["fast path (+ fused Adam)"]["median_s_per_step"]
+        return part["report"]["training"]["results"]["fast path (+ fused Adam)"][
+            "median_s_per_step"
+        ]
+
     one, eight = seconds(single), seconds(shard)
-    return {"s_per_step_1_gpu_25k_tokens": one, "s_per_step_1_of_8_gpus_3125_tokens": eight,
-            **{f"hours_{n // 1000}k_steps_1_gpu": n * one / 3600 for n in STEPS},
-            **{f"hours_{n // 1000}k_steps_8_gpus_no_allreduce": n * eight / 3600 for n in STEPS},
-            "note": "projection: measured step times x steps; all-reduce, data loading and checkpoints left out"}
+    return {
+        "s_per_step_1_gpu_25k_tokens": one,
+        "s_per_step_1_of_8_gpus_3125_tokens": eight,
+        **{f"hours_{n // 1000}k_steps_1_gpu": n * one / 3600 for n in STEPS},
+        **{f"hours_{n // 1000}k_steps_8_gpus_no_allreduce": n * eight / 3600 for n in STEPS},
+        "note": "projection: measured step times x steps; "
+        "all-reduce, data loading and checkpoints left out",
+    }
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--json", type=Path, help="write the suite's report here")
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    ap.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}"
+    )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: the GPU suite has nothing to run here.")
@@ -82,28 +118,59 @@ def main(argv=None) -> int:
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
-        print(f"error: unknown part(s) {', '.join(unknown)}; choose among {', '.join(PARTS)}", file=sys.stderr)
+        print(
+            f"error: unknown part(s) {', '.join(unknown)}; choose among {', '.join(PARTS)}",
+            file=sys.stderr,
+        )
         return 2
-    command = "python benchmarks/gpu_suite.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/gpu_suite.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     report = provenance(command.strip(), torch.device("cuda"))
     report["parts"] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if "tests" in parts:
-            report["parts"]["tests"] = run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=-ra", "-p",
-                                            "no:cacheprovider", "-n", "4", *TESTS], 900)
+            report["parts"]["tests"] = run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-o",
+                    "addopts=-ra",
+                    "-p",
+                    "no:cacheprovider",
+                    "-n",
+                    "4",
+                    *TESTS,
+                ],
+                900,
+            )
         for preset in ("base", "big"):
             if preset in parts:
-                report["parts"][preset] = benchmark(preset, 25000, tmp, "--compile", "--rounds", "3")
+                report["parts"][preset] = benchmark(
+                    preset, 25000, tmp, "--compile", "--rounds", "3"
+                )
         if "wmt" in parts:
             for preset in ("wmt14-base", "wmt14-big"):
-                single = benchmark(preset, 25000, tmp, "--only-fast", "--no-decode", "--batches", "8")
-                shard = benchmark(preset, 3125, tmp, "--only-fast", "--no-decode", "--batches", "16")
+                single = benchmark(
+                    preset, 25000, tmp, "--only-fast", "--no-decode", "--batches", "8"
+                )
+                shard = benchmark(
+                    preset, 3125, tmp, "--only-fast", "--no-decode", "--batches", "16"
+                )
                 report["parts"][preset] = {"25000": single, "3125": shard}
                 if "report" in single and "report" in shard:
                     report["parts"][preset]["projection"] = projection(single, shard)
-    failed = [k for k, v in report["parts"].items()          # the wmt parts hold one run per batch size
-              if any(r.get("returncode") != 0 for r in ([v] if "returncode" in v else [v["25000"], v["3125"]]))]
+    failed = [
+        k
+        for k, v in report["parts"].items()  # the wmt parts hold one run per batch size
+        if any(
+            r.get("returncode") != 0
+            for r in ([v] if "returncode" in v else [v["25000"], v["3125"]])
+        )
+    ]
     report["failed_parts"] = failed
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -9,31 +9,34 @@ in one run on the same batches; then time cached against uncached beam search.
 Training paths, each a whole step (forward, loss, backward, Adam):
 1. reference: the book's annotated code (explicit masked softmax, separate Q/K/V projections,
    KL-divergence label smoothing over the full vocabulary, nn.Dropout);
-2. + fused attention: MultiHeadedAttention(fast=True) (scaled_dot_product_attention, stacked projections);
-3. + fused loss: FusedLabelSmoothing (padding rows skip the output projection; loss and gradient in one step);
+2. + fused attention: MultiHeadedAttention(fast=True) (scaled_dot_product_attention, stacked
+   projections);
+3. + fused loss: FusedLabelSmoothing (padding rows skip the output projection; loss and gradient
+   in one step);
 4. + cheap dropout: make_fast(model) + FusedLabelSmoothing, i.e. also FastDropout;
 5. fast path: + fused Adam (make_optimizer(fused=True)), what the trainer runs by default;
 6. torch.nn.Transformer (the same norm placement; post-norm without a final LayerNorm) with the
    book's embeddings, positional encoding and a tied output projection of the same sizes, loss
    F.cross_entropy(label_smoothing).
-   (PyTorch spreads the smoothing mass over all V tokens, the book over V - 2; the cost is the same.)
+   (PyTorch spreads the smoothing mass over all V tokens, the book over V - 2; same cost.)
 It uses fused Adam too. With --compile, another path runs the fast path under torch.compile.
 
 All paths start from the same weights and run interleaved, round by round, so that drifts of a noisy
-machine hit them alike; the report gives medians and ratios to the reference. On CUDA every path runs
-under bf16 autocast, and with fused Adam.
+machine hit them alike; the report gives medians and ratios to the reference. On CUDA every path
+runs under bf16 autocast, and with fused Adam.
 
-Model FLOPs utilisation (MFU) = model FLOPs per second / the device's measured matmul rate, where the
-model FLOPs of a step count only real (non-padding) tokens:
-  6 x (weights of each matrix multiply x the tokens it is applied to)      forward 2, backward 4 per weight
-  + 3 x 4 d_model x (sum of n_q x n_k over sentences) per attention layer  QK^T and AV, forward 4, x3 in all
+Model FLOPs utilisation (MFU) = model FLOPs per second / the device's measured matmul rate, where
+the model FLOPs of a step count only real (non-padding) tokens:
+  6 x (weights of each matrix multiply x the tokens it meets)      forward 2, backward 4 per weight
+  + 3 x 4 d_model x (sum of n_q x n_k over sentences) per layer  QK^T and AV, forward 4, x3 in all
 with the encoder's weights applied to source tokens, the decoder's (and the output projection's) to
 target tokens, the encoder-decoder attention's K and V projections to source tokens, and causal
-self-attention counting n(n+1)/2 query-key pairs. The matmul rate is measured here on square matrices
-(float32 on CPU, bfloat16 on CUDA).
+self-attention counting n(n+1)/2 query-key pairs. The matmul rate is measured here on square
+matrices (float32 on CPU, bfloat16 on CUDA).
 
 Speed goals live here, never in timed tests.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,19 +60,21 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from annotated import make_model, subsequent_mask  # noqa: E402
-from annotated.decoding import beam_search  # noqa: E402
-from annotated.embeddings import Embeddings, PositionalEncoding  # noqa: E402
-from annotated.fast import make_fast  # noqa: E402
-from annotated.loss import FusedLabelSmoothing  # noqa: E402
-from annotated.multihead import MultiHeadedAttention  # noqa: E402
-from annotated.checkpoints import write_text_atomic  # noqa: E402
-from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler  # noqa: E402
-from annotated.loss import LabelSmoothing  # noqa: E402
-from annotated.schedule import make_optimizer  # noqa: E402
-from annotated.trainer import loss_on_batch  # noqa: E402
+from annotated import make_model, subsequent_mask
+from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler
+from annotated.checkpoints import write_text_atomic
+from annotated.decoding import beam_search
+from annotated.embeddings import Embeddings, PositionalEncoding
+from annotated.fast import make_fast
+from annotated.loss import (
+    FusedLabelSmoothing,
+    LabelSmoothing,
+)
+from annotated.multihead import MultiHeadedAttention
+from annotated.schedule import make_optimizer
+from annotated.trainer import loss_on_batch
 
-PRESETS = {   # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target tokens per batch
+PRESETS = {  # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target tokens per batch
     "quick": dict(vocab=500, N=1, d_model=64, d_ff=128, h=4, norm_first=False, tokens=400),
     # chapter 9's multi30k-cpu configuration; its batches hold about 1,740 target tokens
     "multi30k-cpu": dict(vocab=8000, N=3, d_model=128, d_ff=512, h=4, norm_first=True, tokens=1750),
@@ -79,7 +84,7 @@ PRESETS = {   # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target
 # WMT14 sizes on batches whose sentence lengths follow the WMT en-de sample (see wmt_sample_batches)
 PRESETS["wmt14-base"] = dict(PRESETS["base"], lengths="wmt")
 PRESETS["wmt14-big"] = dict(PRESETS["big"], lengths="wmt")
-WMT_SAMPLE = "wmt_ende_toy_sample_opennmt"   # 10,000 Moses-tokenized pairs under $ANNOTATED_DATA
+WMT_SAMPLE = "wmt_ende_toy_sample_opennmt"  # 10,000 Moses-tokenized pairs under $ANNOTATED_DATA
 
 
 FAST = "fast path (+ fused Adam)"
@@ -91,9 +96,20 @@ class TorchTransformer(nn.Module):
     def __init__(self, vocab, N, d_model, d_ff, h, dropout, norm_first=False):
         super().__init__()
         self.embed = nn.Sequential(Embeddings(d_model, vocab), PositionalEncoding(d_model, dropout))
-        self.core = nn.Transformer(d_model, h, N, N, d_ff, dropout, batch_first=True, layer_norm_eps=1e-6,
-                                   norm_first=norm_first)
-        if not norm_first:   # post-norm: no final LayerNorm (pre-norm keeps it, as the book's Encoder/Decoder do)
+        self.core = nn.Transformer(
+            d_model,
+            h,
+            N,
+            N,
+            d_ff,
+            dropout,
+            batch_first=True,
+            layer_norm_eps=1e-6,
+            norm_first=norm_first,
+        )
+        if (
+            not norm_first
+        ):  # post-norm: no final LayerNorm (pre-norm keeps it, as the book's Encoder/Decoder do)
             self.core.encoder.norm, self.core.decoder.norm = None, None
         self.out = nn.Linear(d_model, vocab)
         self.out.weight = self.embed[0].lut.weight
@@ -101,9 +117,15 @@ class TorchTransformer(nn.Module):
     def forward(self, b: Batch):
         n = b.tgt.size(1)
         causal = ~subsequent_mask(n)[0].to(b.tgt.device)
-        y = self.core(self.embed(b.src), self.embed(b.tgt), tgt_mask=causal, tgt_is_causal=True,
-                      src_key_padding_mask=b.src == PAD, tgt_key_padding_mask=b.tgt == PAD,
-                      memory_key_padding_mask=b.src == PAD)
+        y = self.core(
+            self.embed(b.src),
+            self.embed(b.tgt),
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            src_key_padding_mask=b.src == PAD,
+            tgt_key_padding_mask=b.tgt == PAD,
+            memory_key_padding_mask=b.src == PAD,
+        )
         return self.out(y)
 
 
@@ -120,16 +142,17 @@ def random_batches(n, vocab, tokens, seed=0):
         src = torch.randint(3, vocab, (rows, length), generator=g)
         tgt = torch.randint(3, vocab, (rows, length + 1), generator=g)
         for i, m in enumerate(lens.tolist()):
-            tgt[i, m + 1:] = PAD
+            tgt[i, m + 1 :] = PAD
         out.append(Batch(src, tgt, PAD))
     return out
 
 
 def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None):
-    """n batches whose (source, target) lengths are those of real WMT en-de sentences: the 10,000-pair
-    sample is un-escaped, split by a 16,000-piece BPE learned on it (27.6 source and 29.6 target pieces
-    a sentence; a 37k vocabulary gives somewhat fewer), grouped by TokenBatchSampler at `tokens` padded
-    tokens per side, and n of its batches are drawn at random. Token ids are random: only shapes matter."""
+    """n batches whose (source, target) lengths are those of real WMT en-de sentences: the
+    10,000-pair sample is un-escaped, split by a 16,000-piece BPE learned on it (27.6 source and
+    29.6 target pieces a sentence; a 37k vocabulary gives somewhat fewer), grouped by
+    TokenBatchSampler at `tokens` padded tokens per side, and n of its batches are drawn at random.
+    Token ids are random: only shapes matter."""
     import html
     import os
     import tempfile
@@ -137,11 +160,16 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None):
     from annotated.tokenizer import train_tokenizer
 
     folder = Path(folder or Path(os.environ.get("ANNOTATED_DATA", ".")) / WMT_SAMPLE)
-    with open(folder / "src-train.txt", encoding="utf-8") as f, open(folder / "tgt-train.txt", encoding="utf-8") as g:
+    with (
+        open(folder / "src-train.txt", encoding="utf-8") as f,
+        open(folder / "tgt-train.txt", encoding="utf-8") as g,
+    ):
         pairs = [(html.unescape(a.strip()), html.unescape(b.strip())) for a, b in zip(f, g)]
     with tempfile.TemporaryDirectory() as tmp:
         tok = train_tokenizer(pairs, Path(tmp) / "wmt", 16000)
-        lengths = [(len(tok.encode(a)) + 1, len(tok.encode(b)) + 2) for a, b in pairs]   # + </s>; <s> ... </s>
+        lengths = [
+            (len(tok.encode(a)) + 1, len(tok.encode(b)) + 2) for a, b in pairs
+        ]  # + </s>; <s> ... </s>
     chosen = random.Random(seed).sample(TokenBatchSampler(lengths, tokens, seed=seed).batches(), n)
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -158,12 +186,14 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None):
 
 def model_flops(b: Batch, *, vocab, N, d_model, d_ff, **_) -> float:
     """Training FLOPs of one step on batch b, padding excluded (formula in the module docstring)."""
-    s = (b.src != PAD).sum(1).double()                     # source lengths
-    t = (b.tgt_y != PAD).sum(1).double()                   # target lengths
+    s = (b.src != PAD).sum(1).double()  # source lengths
+    t = (b.tgt_y != PAD).sum(1).double()  # target lengths
     S, T = s.sum().item(), t.sum().item()
     d = d_model
     enc = N * (4 * d * d + 2 * d * d_ff) * S
-    dec = N * ((4 * d * d + 2 * d * d + 2 * d * d_ff) * T + 2 * d * d * S)   # self (4), cross Q,O (2); K,V on source
+    dec = N * (
+        (4 * d * d + 2 * d * d + 2 * d * d_ff) * T + 2 * d * d * S
+    )  # self (4), cross Q,O (2); K,V on source
     linear = 6 * (enc + dec + d * vocab * T)
     pairs = N * ((s * s).sum() + (t * (t + 1) / 2).sum() + (t * s).sum()).item()
     return linear + 3 * 4 * d * pairs
@@ -172,7 +202,10 @@ def model_flops(b: Batch, *, vocab, N, d_model, d_ff, **_) -> float:
 def matmul_rate(device) -> float:
     """Measured FLOP/s of a large square matmul: float32 on CPU, bfloat16 on CUDA."""
     n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (1024, torch.float32)
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a, b = (
+        torch.randn(n, n, device=device, dtype=dtype),
+        torch.randn(n, n, device=device, dtype=dtype),
+    )
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(3):
         a @ b
@@ -182,40 +215,72 @@ def matmul_rate(device) -> float:
         a @ b
         reps += 1
         sync()
-    return 2 * n ** 3 * reps / (time.perf_counter() - t)
+    return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
 def provenance(command: str, device) -> dict:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip()
+            or "unknown"
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     except OSError:
         commit, dirty = "unknown", ""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    return {"command": command, "commit": commit + ("+uncommitted changes" if dirty else ""),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": name,
-            "torch": torch.__version__}
+        name = (
+            f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+        )
+    return {
+        "command": command,
+        "commit": commit + ("+uncommitted changes" if dirty else ""),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": name,
+        "torch": torch.__version__,
+    }
 
 
 def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fast=False):
-    vocab, N, d, d_ff, h, pre = cfg["vocab"], cfg["N"], cfg["d_model"], cfg["d_ff"], cfg["h"], cfg["norm_first"]
+    vocab, N, d, d_ff, h, pre = (
+        cfg["vocab"],
+        cfg["N"],
+        cfg["d_model"],
+        cfg["d_ff"],
+        cfg["h"],
+        cfg["norm_first"],
+    )
     torch.manual_seed(0)
-    base = make_model(vocab, vocab, N=N, d_model=d, d_ff=d_ff, h=h, dropout=0.1, norm_first=pre).to(device)
+    base = make_model(vocab, vocab, N=N, d_model=d, d_ff=d_ff, h=h, dropout=0.1, norm_first=pre).to(
+        device
+    )
     attn_only = copy.deepcopy(base)
     for m in attn_only.modules():
         if isinstance(m, MultiHeadedAttention):
             m.fast = True
-    stages = {   # name: (model, criterion, fused Adam)
+    stages = {  # name: (model, criterion, fused Adam)
         "reference": (base, LabelSmoothing(vocab, PAD, 0.1), False),
         "+ fused attention": (attn_only, LabelSmoothing(vocab, PAD, 0.1), False),
         "+ fused loss": (copy.deepcopy(attn_only), FusedLabelSmoothing(vocab, PAD, 0.1), False),
-        "+ cheap dropout": (make_fast(copy.deepcopy(base)), FusedLabelSmoothing(vocab, PAD, 0.1), False),
-        "fast path (+ fused Adam)": (make_fast(copy.deepcopy(base)), FusedLabelSmoothing(vocab, PAD, 0.1), True)}
+        "+ cheap dropout": (
+            make_fast(copy.deepcopy(base)),
+            FusedLabelSmoothing(vocab, PAD, 0.1),
+            False,
+        ),
+        "fast path (+ fused Adam)": (
+            make_fast(copy.deepcopy(base)),
+            FusedLabelSmoothing(vocab, PAD, 0.1),
+            True,
+        ),
+    }
     if only_fast:
         stages = {FAST: stages[FAST]}
         del base, attn_only
@@ -227,27 +292,37 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fa
         opt = make_optimizer(model, d_model=d, fused=True if fused_adam or cuda else None)[0]
 
         def run(b):
-            loss = loss_on_batch(model if forward is None else forward, b, crit, autocast=autocast())
+            loss = loss_on_batch(
+                model if forward is None else forward, b, crit, autocast=autocast()
+            )
             (loss / b.ntokens).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+
         return run
 
     runs = {name: book_step(m, c, fused_adam=fused) for name, (m, c, fused) in stages.items()}
     if compile_fast:
         m = make_fast(copy.deepcopy(base))
-        runs["fast path + torch.compile"] = book_step(m, FusedLabelSmoothing(vocab, PAD, 0.1),
-                                                      torch.compile(m, dynamic=True), fused_adam=True)
+        runs["fast path + torch.compile"] = book_step(
+            m, FusedLabelSmoothing(vocab, PAD, 0.1), torch.compile(m, dynamic=True), fused_adam=True
+        )
     tor = TorchTransformer(vocab, N, d, d_ff, h, 0.1, norm_first=pre).to(device)
     tor_opt = make_optimizer(tor, d_model=d, fused=True)[0]
 
     def torch_step(b):
         with autocast() or nullcontext():
             logits = tor(b)
-        F.cross_entropy(logits.float().reshape(-1, vocab), b.tgt_y.reshape(-1), ignore_index=PAD,
-                        label_smoothing=0.1, reduction="sum").div(b.ntokens).backward()
+        F.cross_entropy(
+            logits.float().reshape(-1, vocab),
+            b.tgt_y.reshape(-1),
+            ignore_index=PAD,
+            label_smoothing=0.1,
+            reduction="sum",
+        ).div(b.ntokens).backward()
         tor_opt.step()
         tor_opt.zero_grad(set_to_none=True)
+
     if not only_fast:
         runs["torch.nn.Transformer"] = torch_step
 
@@ -256,7 +331,7 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fa
     target_tokens = sum(b.ntokens for b in batches)
     flops = sum(model_flops(b, **cfg) for b in batches)
     warmup, peak = {}, {}
-    for name, run in runs.items():          # warm-up (and compilation), on every batch shape
+    for name, run in runs.items():  # warm-up (and compilation), on every batch shape
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         t = time.perf_counter()
@@ -264,9 +339,9 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fa
             run(b)
         sync()
         warmup[name] = time.perf_counter() - t
-        peak[name] = torch.cuda.max_memory_allocated(device) / 2 ** 30 if cuda else None
+        peak[name] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     times = {k: [] for k in runs}
-    for _ in range(rounds):                  # interleaved
+    for _ in range(rounds):  # interleaved
         for name, run in runs.items():
             sync()
             t = time.perf_counter()
@@ -276,27 +351,50 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fa
             times[name].append(time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in times.items()}
     rate = matmul_rate(device)
-    first = next(iter(med))                 # the reference, or the fast path alone with only_fast
-    results = {k: {"median_s_per_step": med[k] / len(batches),
-                   "target_tokens_per_s": target_tokens / med[k],
-                   "speed_vs_reference": med[first] / med[k],
-                   "peak_memory_gib": peak[k],
-                   "model_tflops_per_s": flops / med[k] / 1e12,
-                   "mfu": flops / med[k] / rate,
-                   "first_pass_s": warmup[k]} for k in runs}
-    return {"target_tokens_per_step": target_tokens / len(batches), "model_flops_per_step": flops / len(batches),
-            "matmul_tflops_per_s_measured": rate / 1e12, "rounds": rounds, "results": results,
-            "source_tokens_per_step": sum(int((b.src != PAD).sum()) for b in batches) / len(batches),
-            "fast_vs_torch": med["torch.nn.Transformer"] / med[FAST] if "torch.nn.Transformer" in med else None}
+    first = next(iter(med))  # the reference, or the fast path alone with only_fast
+    results = {
+        k: {
+            "median_s_per_step": med[k] / len(batches),
+            "target_tokens_per_s": target_tokens / med[k],
+            "speed_vs_reference": med[first] / med[k],
+            "peak_memory_gib": peak[k],
+            "model_tflops_per_s": flops / med[k] / 1e12,
+            "mfu": flops / med[k] / rate,
+            "first_pass_s": warmup[k],
+        }
+        for k in runs
+    }
+    return {
+        "target_tokens_per_step": target_tokens / len(batches),
+        "model_flops_per_step": flops / len(batches),
+        "matmul_tflops_per_s_measured": rate / 1e12,
+        "rounds": rounds,
+        "results": results,
+        "source_tokens_per_step": sum(int((b.src != PAD).sum()) for b in batches) / len(batches),
+        "fast_vs_torch": med["torch.nn.Transformer"] / med[FAST]
+        if "torch.nn.Transformer" in med
+        else None,
+    }
 
 
 def time_decoding(cfg, device, sentences, out_tokens, rounds):
-    """Cached vs uncached beam search (beam 4, alpha 0.6) on the same sentences, EOS suppressed so that
-    every hypothesis is exactly out_tokens long."""
+    """Cached vs uncached beam search (beam 4, alpha 0.6) on the same sentences, EOS suppressed so
+    that every hypothesis is exactly out_tokens long."""
     vocab = cfg["vocab"]
     torch.manual_seed(0)
-    model = make_model(vocab, vocab, N=cfg["N"], d_model=cfg["d_model"], d_ff=cfg["d_ff"], h=cfg["h"],
-                       norm_first=cfg["norm_first"]).to(device).eval()
+    model = (
+        make_model(
+            vocab,
+            vocab,
+            N=cfg["N"],
+            d_model=cfg["d_model"],
+            d_ff=cfg["d_ff"],
+            h=cfg["h"],
+            norm_first=cfg["norm_first"],
+        )
+        .to(device)
+        .eval()
+    )
     with torch.no_grad():
         model.generator.proj.bias[EOS] = -1e4
     g = torch.Generator().manual_seed(1)
@@ -310,27 +408,44 @@ def time_decoding(cfg, device, sentences, out_tokens, rounds):
         for cache in (True, False):
             sync()
             t = time.perf_counter()
-            outs[cache] = beam_search(model, src, mask, out_tokens + 1, BOS, EOS, 4, 0.6, use_cache=cache)
+            outs[cache] = beam_search(
+                model, src, mask, out_tokens + 1, BOS, EOS, 4, 0.6, use_cache=cache
+            )
             sync()
             times[cache].append(time.perf_counter() - t)
     if outs[True] != outs[False]:
         raise AssertionError("cached and uncached beam search disagree")
     lengths = [len(o) for o in outs[True]]
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"sentences": sentences, "beam": 4, "alpha": 0.6, "output_tokens_mean": sum(lengths) / len(lengths),
-            "cached_s": med[True], "uncached_s": med[False], "speed_cached_vs_uncached": med[False] / med[True]}
+    return {
+        "sentences": sentences,
+        "beam": 4,
+        "alpha": 0.6,
+        "output_tokens_mean": sum(lengths) / len(lengths),
+        "cached_s": med[True],
+        "uncached_s": med[False],
+        "speed_cached_vs_uncached": med[False] / med[True],
+    }
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--preset", choices=sorted(PRESETS), default="multi30k-cpu")
-    ap.add_argument("--quick", action="store_true", help="same as --preset quick --rounds 2 (seconds)")
+    ap.add_argument(
+        "--quick", action="store_true", help="same as --preset quick --rounds 2 (seconds)"
+    )
     ap.add_argument("--tokens", type=int, help="target tokens per batch (default: the preset's)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=4, help="batches per round")
-    ap.add_argument("--compile", action="store_true", help="also time the fast path under torch.compile")
+    ap.add_argument(
+        "--compile", action="store_true", help="also time the fast path under torch.compile"
+    )
     ap.add_argument("--no-decode", action="store_true", help="skip the beam-search timing")
-    ap.add_argument("--only-fast", action="store_true", help="time the fast path alone (and --compile)")
+    ap.add_argument(
+        "--only-fast", action="store_true", help="time the fast path alone (and --compile)"
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", type=Path, help="write the figures here, with provenance")
     args = ap.parse_args(argv)
@@ -340,26 +455,38 @@ def main(argv=None) -> int:
     if args.tokens:
         cfg["tokens"] = args.tokens
     device = torch.device(args.device)
-    command = "python benchmarks/train_step.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/train_step.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     report = provenance(command.strip(), device)
     report["preset"], report["config"] = args.preset, cfg
-    report["training"] = time_training(cfg, device, args.rounds, args.batches, compile_fast=args.compile,
-                                       only_fast=args.only_fast)
+    report["training"] = time_training(
+        cfg, device, args.rounds, args.batches, compile_fast=args.compile, only_fast=args.only_fast
+    )
     res = report["training"]["results"]
     print(f"{report['device']}; preset {args.preset}: {cfg}")
     print(f"{'path':30} {'s/step':>8} {'tgt tok/s':>11} {'vs reference':>13} {'MFU':>7}")
     for k, r in res.items():
-        print(f"{k:30} {r['median_s_per_step']:8.3f} {r['target_tokens_per_s']:11,.0f} "
-              f"{r['speed_vs_reference']:12.2f}x {r['mfu']:7.1%}")
+        print(
+            f"{k:30} {r['median_s_per_step']:8.3f} {r['target_tokens_per_s']:11,.0f} "
+            f"{r['speed_vs_reference']:12.2f}x {r['mfu']:7.1%}"
+        )
     vs_torch = report["training"]["fast_vs_torch"]
-    print(f"fast path vs torch.nn.Transformer: {f'{vs_torch:.2f}x' if vs_torch else 'not timed'}; "
-          f"measured matmul rate {report['training']['matmul_tflops_per_s_measured']:.3f} TFLOP/s")
+    print(
+        f"fast path vs torch.nn.Transformer: {f'{vs_torch:.2f}x' if vs_torch else 'not timed'}; "
+        f"measured matmul rate {report['training']['matmul_tflops_per_s_measured']:.3f} TFLOP/s"
+    )
     if not args.no_decode:
         quick = args.preset == "quick"
-        report["decoding"] = time_decoding(cfg, device, 4 if quick else 32, 10 if quick else 50, 1 if quick else 2)
+        report["decoding"] = time_decoding(
+            cfg, device, 4 if quick else 32, 10 if quick else 50, 1 if quick else 2
+        )
         dec = report["decoding"]
-        print(f"beam search, {dec['sentences']} sentences x {dec['output_tokens_mean']:.0f} tokens: cached "
-              f"{dec['cached_s']:.2f} s, uncached {dec['uncached_s']:.2f} s ({dec['speed_cached_vs_uncached']:.2f}x)")
+        print(
+            f"beam search, {dec['sentences']} sentences x {dec['output_tokens_mean']:.0f} tokens: "
+            f"cached {dec['cached_s']:.2f} s, uncached {dec['uncached_s']:.2f} s "
+            f"({dec['speed_cached_vs_uncached']:.2f}x)"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")

@@ -1,4 +1,5 @@
 """The benchmark runs end to end in its short mode (timings are reported, never asserted)."""
+
 import json
 import subprocess
 import sys
@@ -16,14 +17,23 @@ from annotated.batching import PAD, Batch  # noqa: E402
 
 def test_train_step_benchmark_quick(tmp_path):
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_step.py"), "--quick", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "train_step.py"), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
     res = report["training"]["results"]
-    assert list(res) == ["reference", "+ fused attention", "+ fused loss", "+ cheap dropout",
-                         "fast path (+ fused Adam)",
-                         "torch.nn.Transformer"]
+    assert list(res) == [
+        "reference",
+        "+ fused attention",
+        "+ fused loss",
+        "+ cheap dropout",
+        "fast path (+ fused Adam)",
+        "torch.nn.Transformer",
+    ]
     assert res["reference"]["speed_vs_reference"] == 1.0
     assert all(v["target_tokens_per_s"] > 0 and 0 < v["mfu"] < 1 for v in res.values())
     assert {"command", "commit", "date", "device", "torch"} <= set(report)
@@ -36,11 +46,20 @@ def test_model_flops_counts_real_tokens_only():
     src = torch.tensor([[5, 6, 7, PAD], [5, 6, PAD, PAD]])
     tgt = torch.tensor([[1, 5, 6, 2, PAD], [1, 5, 2, PAD, PAD]])
     b = Batch(src, tgt, PAD)
-    s, t = [3, 2], [3, 2]                     # real source tokens; real target tokens (tgt_y)
+    s, t = [3, 2], [3, 2]  # real source tokens; real target tokens (tgt_y)
     d, dff, V, N = 8, 16, 50, 2
-    linear = 6 * (N * (4 * d * d + 2 * d * dff) * sum(s) + N * ((6 * d * d + 2 * d * dff) * sum(t) + 2 * d * d * sum(s))
-                  + d * V * sum(t))
+    linear = 6 * (
+        N * (4 * d * d + 2 * d * dff) * sum(s)
+        + N * ((6 * d * d + 2 * d * dff) * sum(t) + 2 * d * d * sum(s))
+        + d * V * sum(t)
+    )
     pairs = N * sum(si * si + ti * (ti + 1) / 2 + ti * si for si, ti in zip(s, t))
     assert train_step.model_flops(b, **cfg) == linear + 12 * d * pairs
-    wider = Batch(torch.cat([src, torch.full((2, 3), PAD)], 1), torch.cat([tgt, torch.full((2, 3), PAD)], 1), PAD)
-    assert train_step.model_flops(wider, **cfg) == train_step.model_flops(b, **cfg)   # padding costs no model FLOPs
+    wider = Batch(
+        torch.cat([src, torch.full((2, 3), PAD)], 1),
+        torch.cat([tgt, torch.full((2, 3), PAD)], 1),
+        PAD,
+    )
+    assert train_step.model_flops(wider, **cfg) == train_step.model_flops(
+        b, **cfg
+    )  # padding costs no model FLOPs

@@ -4,6 +4,7 @@ This builds from the notebooks' stored outputs (execution off) so that it stays 
 main job (`make book`) executes every notebook. nbval checks that the stored outputs are
 what the code produces today.
 """
+
 import re
 import shutil
 import subprocess
@@ -33,16 +34,32 @@ def test_every_notebook_is_in_the_toc():
 @pytest.fixture(scope="module")
 def built_book(tmp_path_factory):
     vendor = ROOT / "book" / "vendor" / "MANIFEST.json"
-    assert vendor.exists(), "book/vendor is missing: run `python tools/vendor_js.py` (make does this)"
+    assert vendor.exists(), (
+        "book/vendor is missing: run `python tools/vendor_js.py` (make does this)"
+    )
     tmp = tmp_path_factory.mktemp("book")
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     config["execute"]["execute_notebooks"] = "off"
     cfg = tmp / "_config.yml"
     cfg.write_text(yaml.safe_dump(config))
     jb = shutil.which("jupyter-book", path=str(Path(sys.executable).parent)) or "jupyter-book"
-    result = subprocess.run([jb, "build", str(ROOT), "--config", str(cfg), "--path-output", str(tmp),
-                             "--warningiserror", "--keep-going", "--quiet"],
-                            capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(
+        [
+            jb,
+            "build",
+            str(ROOT),
+            "--config",
+            str(cfg),
+            "--path-output",
+            str(tmp),
+            "--warningiserror",
+            "--keep-going",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return tmp / "_build" / "html"
 
@@ -62,10 +79,14 @@ def test_nothing_loads_from_the_internet(built_book):
 
 def test_mathjax_and_vega_are_served_locally(built_book):
     page = (built_book / "notebooks" / "01_attention.html").read_text(encoding="utf-8")
-    for script in ["_static/mathjax/tex-mml-chtml.js", "_static/vega/vega.min.js",
-                   "_static/vega-lite/vega-lite.min.js", "_static/vega-embed/vega-embed.min.js"]:
+    for script in [
+        "_static/mathjax/tex-mml-chtml.js",
+        "_static/vega/vega.min.js",
+        "_static/vega-lite/vega-lite.min.js",
+        "_static/vega-embed/vega-embed.min.js",
+    ]:
         assert script in page, script
         assert (built_book / script.split("?")[0]).exists(), script
     assert page.count("tex-mml-chtml.js") == 1, "MathJax must be loaded exactly once"
-    assert 'vegaEmbed("#vega-' in page            # charts are embedded, not images or CDN loaders
-    assert r"\sqrt{d_k}" in page                  # equations reach the page for MathJax
+    assert 'vegaEmbed("#vega-' in page  # charts are embedded, not images or CDN loaders
+    assert r"\sqrt{d_k}" in page  # equations reach the page for MathJax

@@ -1,7 +1,8 @@
-"""The same claims on a CUDA device: the fast path equals the reference, bf16 autocast keeps the loss
-right, the trainer trains and resumes, compile and fused Adam agree with eager, and cached beam search
-equals uncached. Every test here is skipped on a machine without CUDA; `benchmarks/gpu_suite.py` runs
-them on one."""
+"""The same claims on a CUDA device: the fast path equals the reference, bf16 autocast keeps the
+loss right, the trainer trains and resumes, compile and fused Adam agree with eager, and cached beam
+search equals uncached. Every test here is skipped on a machine without CUDA;
+`benchmarks/gpu_suite.py` runs them on one."""
+
 import copy
 import json
 
@@ -9,16 +10,13 @@ import pytest
 import torch
 
 from annotated import make_model
-from annotated.decoding import beam_search
-from annotated.fast import make_fast
-from annotated.loss import FusedLabelSmoothing
-from annotated.registry import build_config
-from annotated.trainer import train
 from annotated.batching import BOS, EOS, PAD, Batch
-from annotated.decoding import greedy_decode
-from annotated.loss import LabelSmoothing
+from annotated.decoding import beam_search, greedy_decode
+from annotated.fast import make_fast
+from annotated.loss import FusedLabelSmoothing, LabelSmoothing
+from annotated.registry import build_config
 from annotated.tasks.copy import copy_batch
-from annotated.trainer import loss_on_batch
+from annotated.trainer import loss_on_batch, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = torch.device("cuda")
@@ -34,8 +32,9 @@ def cuda_batch(vocab=31, seed=0):
 
 
 def noise_only(name: str) -> bool:
-    """The key projections' biases get a gradient of exactly zero in exact arithmetic (softmax ignores a
-    shift shared by every key), so theirs is rounding noise, about 1e-16 in float64: not comparable."""
+    """The key projections' biases get a gradient of exactly zero in exact arithmetic (softmax
+    ignores a shift shared by every key), so theirs is rounding noise, about 1e-16 in float64: not
+    comparable."""
     return name.endswith("w_k.bias")
 
 
@@ -50,7 +49,9 @@ def loss_and_grads(model, crit, b, autocast=None):
 def test_fast_path_equals_reference_in_float32(norm_first):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
-    ref = make_model(31, 31, N=2, d_model=64, d_ff=128, h=4, dropout=0.0, norm_first=norm_first).to(CUDA)
+    ref = make_model(31, 31, N=2, d_model=64, d_ff=128, h=4, dropout=0.0, norm_first=norm_first).to(
+        CUDA
+    )
     fast = make_fast(copy.deepcopy(ref))
     b = cuda_batch()
     l_ref, g_ref = loss_and_grads(ref, LabelSmoothing(31, PAD, 0.1), b)
@@ -73,7 +74,9 @@ def test_bf16_autocast_fused_loss_is_float32_and_close_to_float32_loss():
         assert torch.isfinite(g16[name]).all(), name
         if noise_only(name):
             continue
-        cos = torch.nn.functional.cosine_similarity(g16[name].flatten().float(), g32[name].flatten(), dim=0)
+        cos = torch.nn.functional.cosine_similarity(
+            g16[name].flatten().float(), g32[name].flatten(), dim=0
+        )
         assert cos > 0.98, (name, float(cos))
 
 
@@ -100,14 +103,25 @@ def test_fused_adam_equals_foreach_adam():
             opt.step()
             opt.zero_grad()
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
-        if noise_only(name):   # Adam scales its noise gradient up to full-size steps: any rounding shows
+        if noise_only(
+            name
+        ):  # Adam scales its noise gradient up to full-size steps: any rounding shows
             continue
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def small_run(tmp_path, name, *overrides, resume=False):
-    cfg = build_config("copy", ["model.N=1", "model.d_model=32", "model.d_ff=64", "log_every=1",
-                                "model.dropout=0.1", *overrides])
+    cfg = build_config(
+        "copy",
+        [
+            "model.N=1",
+            "model.d_model=32",
+            "model.d_ff=64",
+            "log_every=1",
+            "model.dropout=0.1",
+            *overrides,
+        ],
+    )
     return train(cfg, tmp_path / name, resume=resume, progress=False)
 
 
@@ -116,7 +130,9 @@ def weights_of(summary) -> dict:
 
 
 def test_trainer_on_cuda_learns_the_copy_task_in_bf16(tmp_path):
-    summary = small_run(tmp_path, "run", "max_steps=400", "checkpoint_every=400", "model.dropout=0.0")
+    summary = small_run(
+        tmp_path, "run", "max_steps=400", "checkpoint_every=400", "model.dropout=0.0"
+    )
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["device"] == torch.cuda.get_device_name(0)
     model = make_model(13, 13, N=1, d_model=32, d_ff=64, h=4).to(CUDA).eval()
@@ -141,10 +157,17 @@ def test_resume_on_cuda_continues_the_same_run(tmp_path):
 
 
 def test_compile_on_cuda_trains_like_eager(tmp_path):
-    eager = small_run(tmp_path, "eager", "max_steps=30", "bf16=false", "model.dropout=0.0")
-    compiled = small_run(tmp_path, "compiled", "max_steps=30", "bf16=false", "model.dropout=0.0", "compile=true")
-    losses = [[json.loads(line)["loss"] for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
-              for n in ("eager", "compiled")]
+    small_run(tmp_path, "eager", "max_steps=30", "bf16=false", "model.dropout=0.0")
+    compiled = small_run(
+        tmp_path, "compiled", "max_steps=30", "bf16=false", "model.dropout=0.0", "compile=true"
+    )
+    losses = [
+        [
+            json.loads(line)["loss"]
+            for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()
+        ]
+        for n in ("eager", "compiled")
+    ]
     assert len(losses[0]) == len(losses[1]) == 30
     for x, y in zip(*losses):
         assert abs(x - y) <= 1e-3 * abs(x) + 1e-4, (x, y)

@@ -3,6 +3,7 @@ reading, and the SentencePiece tokenizer. Nothing here touches the internet.
 
 The real data is read from $ANNOTATED_DATA, defaulting to <repo>/../shared/data.
 """
+
 import gzip
 import hashlib
 import http.server
@@ -31,14 +32,17 @@ VAL_DE = "multi30k/task1/raw/val.de.gz"
 def _shared_data(monkeypatch, tmp_path):
     """Every test sees ANNOTATED_DATA = the shared copy, and a private cache folder."""
     if not (SHARED / TRAIN_EN).is_file():
-        pytest.fail(f"the shared data is missing: no {SHARED / TRAIN_EN}. Set ANNOTATED_DATA to the folder "
-                    f"holding multi30k/task1/raw/ (see README).")
+        pytest.fail(
+            f"the shared data is missing: no {SHARED / TRAIN_EN}. Set ANNOTATED_DATA to the folder "
+            f"holding multi30k/task1/raw/ (see README)."
+        )
     monkeypatch.setenv("ANNOTATED_DATA", str(SHARED))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     monkeypatch.delenv("ANNOTATED_DATA_MIRROR", raising=False)
 
 
 # --- where the data lives, and checksums --------------------------------------------------------
+
 
 def test_data_root_follows_the_env_var(monkeypatch, tmp_path):
     assert data_root() == SHARED
@@ -53,7 +57,9 @@ def test_every_shared_file_matches_the_registry():
         path = fetch(entry)
         assert path == SHARED / relpath
         assert path.stat().st_size == entry.size
-    assert MULTI30K_FILES[TRAIN_EN].url.startswith("https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d2")
+    assert MULTI30K_FILES[TRAIN_EN].url.startswith(
+        "https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d2"
+    )
 
 
 def test_corrupted_local_copy_is_reported_with_both_digests(monkeypatch, tmp_path):
@@ -90,8 +96,10 @@ def test_unknown_split():
 
 # --- downloads, served from a temporary folder on 127.0.0.1 -------------------------------------
 
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     """Serves `root`; honours `Range: bytes=N-` unless `ranges` is False. Records each request."""
+
     root: Path
     ranges = True
     log: list
@@ -139,14 +147,14 @@ def server(tmp_path):
 
 def test_download_verifies_and_renames(monkeypatch, tmp_path, server):
     url, _, handler = server
-    monkeypatch.delenv("ANNOTATED_DATA")                    # downloads are allowed only then
+    monkeypatch.delenv("ANNOTATED_DATA")  # downloads are allowed only then
     monkeypatch.setenv("ANNOTATED_DATA_MIRROR", url)
     path = fetch(MULTI30K_FILES[VAL_DE], progress=False)
     assert path == tmp_path / "xdg-cache" / "annotated" / VAL_DE
     assert path.read_bytes() == (SHARED / VAL_DE).read_bytes()
     assert not path.with_name(path.name + ".part").exists()
     assert handler.log == [(f"/{VAL_DE}", None)]
-    fetch(MULTI30K_FILES[VAL_DE], progress=False)                           # second call: local, verified, no request
+    fetch(MULTI30K_FILES[VAL_DE], progress=False)  # second call: local, verified, no request
     assert len(handler.log) == 1
 
 
@@ -167,7 +175,7 @@ def test_download_resumes_a_partial_file(tmp_path, server, server_honours_range)
 
 def test_download_with_wrong_checksum_leaves_nothing(tmp_path, server):
     url, mirror, _ = server
-    (mirror / VAL_DE).write_bytes(b"x" * MULTI30K_FILES[VAL_DE].size)   # right size, wrong bytes
+    (mirror / VAL_DE).write_bytes(b"x" * MULTI30K_FILES[VAL_DE].size)  # right size, wrong bytes
     root = tmp_path / "root"
     with pytest.raises(ChecksumError) as err:
         fetch(MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False)
@@ -182,12 +190,14 @@ def test_bad_partial_file_is_deleted_so_the_next_try_starts_over(tmp_path, serve
     root = tmp_path / "root"
     part = root / (VAL_DE + ".part")
     part.parent.mkdir(parents=True)
-    part.write_bytes(b"garbage")                             # resumed onto wrong bytes
+    part.write_bytes(b"garbage")  # resumed onto wrong bytes
     with pytest.raises(ChecksumError) as err:
         fetch(MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False)
     assert "the rest from an earlier attempt" in str(err.value)
     assert not part.exists()
-    assert fetch(MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False).is_file()
+    assert fetch(
+        MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False
+    ).is_file()
     assert handler.log[-1] == (f"/{VAL_DE}", None)
 
 
@@ -196,24 +206,29 @@ def test_stale_complete_partial_file_is_not_reported_as_a_download(tmp_path, ser
     root = tmp_path / "root"
     part = root / (VAL_DE + ".part")
     part.parent.mkdir(parents=True)
-    part.write_bytes(b"x" * MULTI30K_FILES[VAL_DE].size)           # full size, wrong bytes, from an old try
+    part.write_bytes(b"x" * MULTI30K_FILES[VAL_DE].size)  # full size, wrong bytes, from an old try
     with pytest.raises(ChecksumError) as err:
         fetch(MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False)
     message = str(err.value)
-    assert handler.log == []                                  # nothing was requested ...
+    assert handler.log == []  # nothing was requested ...
     assert "earlier attempt" in message and "nothing was downloaded now" in message
-    assert "was downloaded from" not in message               # ... and the message does not claim it
+    assert "was downloaded from" not in message  # ... and the message does not claim it
     assert not part.exists()
-    assert fetch(MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False).is_file()
+    assert fetch(
+        MULTI30K_FILES[VAL_DE], root=root, download=True, base_url=url, progress=False
+    ).is_file()
 
 
 # --- reading parallel text ----------------------------------------------------------------------
 
+
 def test_multi30k_splits_and_stripping():
     train = load_multi30k("train")
     assert len(train) == 29000 and len(load_multi30k("test_2016_flickr")) == 1000
-    assert train[0] == ("Two young, White males are outside near many bushes.",
-                        "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.")
+    assert train[0] == (
+        "Two young, White males are outside near many bushes.",
+        "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.",
+    )
     assert all(s == s.strip() and t == t.strip() and s and t for s, t in train)
 
 
@@ -240,7 +255,7 @@ def test_empty_pairs_are_dropped_and_counted(tmp_path):
 def test_only_newline_ends_a_line(tmp_path):
     src, tgt = tmp_path / "a", tmp_path / "b"
     src.write_bytes("one\u2028still one\x85too\r\ntwo\n".encode())
-    tgt.write_bytes(b"eins\nzwei")                           # no final newline: still two lines
+    tgt.write_bytes(b"eins\nzwei")  # no final newline: still two lines
     assert read_parallel(src, tgt) == [("one\u2028still one\x85too", "eins"), ("two", "zwei")]
 
 
@@ -255,9 +270,10 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
 
 # --- the tokenizer ------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    train = load_multi30k("train", root=SHARED)              # module fixture: runs before the env is set
+    train = load_multi30k("train", root=SHARED)  # module fixture: runs before the env is set
     folder = tmp_path_factory.mktemp("tok")
     return train, folder, train_tokenizer(train, folder / "bpe", vocab_size=8000, seed=0)
 
@@ -269,8 +285,15 @@ def test_special_ids():
 def test_tokenizer_round_trip_on_multi30k(trained):
     _, folder, tok = trained
     assert tok.vocab_size == 8000
-    assert [tok.sp.id_to_piece(i) for i in (PAD, BOS, EOS, UNK)] == ["<pad>", "<s>", "</s>", "<unk>"]
-    for en, de in load_multi30k("val") + load_multi30k("test_2016_flickr"):   # all characters seen in training
+    assert [tok.sp.id_to_piece(i) for i in (PAD, BOS, EOS, UNK)] == [
+        "<pad>",
+        "<s>",
+        "</s>",
+        "<unk>",
+    ]
+    for en, de in load_multi30k("val") + load_multi30k(
+        "test_2016_flickr"
+    ):  # all characters seen in training
         for sentence in (en, de):
             ids = tok.encode(sentence)
             assert ids and BOS not in ids and EOS not in ids and UNK not in ids
@@ -289,7 +312,7 @@ def test_tokenizer_training_is_deterministic(trained):
 
 def test_failed_training_leaves_no_model(tmp_path):
     pairs = [("a b c", "d e f")] * 10
-    with pytest.raises(RuntimeError, match="[Vv]ocabulary size"):   # far too large for this corpus
+    with pytest.raises(RuntimeError, match="[Vv]ocabulary size"):  # far too large for this corpus
         train_tokenizer(pairs, tmp_path / "tiny", vocab_size=5000)
     assert list(tmp_path.iterdir()) == []
 
@@ -317,9 +340,13 @@ def test_interrupted_training_keeps_the_old_model(monkeypatch, tmp_path):
 def test_foreign_model_is_rejected(tmp_path):
     import sentencepiece as spm
 
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a dog runs", "a cat sleeps"] * 20),
-                                   model_prefix=str(tmp_path / "default"), vocab_size=30,
-                                   hard_vocab_limit=False, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["a dog runs", "a cat sleeps"] * 20),
+        model_prefix=str(tmp_path / "default"),
+        vocab_size=30,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
     with pytest.raises(ValueError, match="pad, bos, eos, unk"):
         load_tokenizer(tmp_path / "default.model")
     with pytest.raises(FileNotFoundError):
@@ -331,9 +358,9 @@ def test_tokenizer_cache_is_keyed_by_what_the_model_depends_on():
 
     pairs = load_multi30k("val")
     first = multi30k_tokenizer(600, pairs)
-    other_data = multi30k_tokenizer(600, pairs[:600])              # same size, other sentences
+    other_data = multi30k_tokenizer(600, pairs[:600])  # same size, other sentences
     assert other_data.fingerprint != first.fingerprint
-    assert multi30k_tokenizer(600, pairs).fingerprint == first.fingerprint   # from the cache
+    assert multi30k_tokenizer(600, pairs).fingerprint == first.fingerprint  # from the cache
     assert multi30k_tokenizer(500, pairs).vocab_size == 500
     cached = sorted(p.name for p in (data.cache_dir() / "tokenizers").glob("*.model"))
     assert len(cached) == 3 and all(name.startswith("multi30k_bpe") for name in cached), cached

@@ -1,4 +1,5 @@
 """Beam search, incremental decoding, checkpoint averaging and BLEU (chapter 7)."""
+
 import itertools
 import math
 import shutil
@@ -9,10 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 
-import annotated
-from annotated import average_checkpoints, greedy_decode, make_model, sacrebleu_score, tokenized_bleu
+from annotated import (
+    average_checkpoints,
+    greedy_decode,
+    make_model,
+    sacrebleu_score,
+    tokenized_bleu,
+)
 from annotated.bleu import PaperTokenizer, split_compounds
-from annotated.decoding import beam_search, beam_search_hypotheses, length_penalty, sequence_log_prob
+from annotated.decoding import (
+    beam_search,
+    beam_search_hypotheses,
+    length_penalty,
+    sequence_log_prob,
+)
 
 PAD, BOS, EOS = 0, 1, 2
 BIN = Path(sys.executable).parent
@@ -21,15 +32,15 @@ BIN = Path(sys.executable).parent
 def random_batch(vocab, batch=5, n=7, seed=0):
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(3, vocab, (batch, n), generator=g)
-    for i in range(batch):                       # ragged source lengths, from n down to 2
-        src[i, max(2, n - i):] = PAD
+    for i in range(batch):  # ragged source lengths, from n down to 2
+        src[i, max(2, n - i) :] = PAD
     return src, (src != PAD)[:, None]
 
 
 def strip(ys):
     """greedy_decode output -> token lists without <s> and </s>, and whether </s> was produced."""
     rows = [row[1:] for row in ys.tolist()]
-    return [r[:r.index(EOS)] if EOS in r else r for r in rows], [EOS in r for r in rows]
+    return [r[: r.index(EOS)] if EOS in r else r for r in rows], [EOS in r for r in rows]
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -40,13 +51,18 @@ def test_beam_size_one_is_greedy(norm_first):
         src, mask = random_batch(12, seed=seed)
         greedy, _ = strip(greedy_decode(model, src, mask, 15, BOS, end_symbol=EOS))
         for use_cache in (True, False):
-            assert beam_search(model, src, mask, 15, BOS, EOS, beam_size=1, alpha=0.6, use_cache=use_cache) == greedy
+            assert (
+                beam_search(
+                    model, src, mask, 15, BOS, EOS, beam_size=1, alpha=0.6, use_cache=use_cache
+                )
+                == greedy
+            )
 
 
 def test_beam_does_not_score_below_greedy_on_random_models():
-    """With alpha=0 beam search maximises log P(Y|X). This is not a theorem (beam search may prune the
-    greedy prefix and then find only worse continuations), so it is checked on fixed random models,
-    where it holds: 10 models x 8 sentences."""
+    """With alpha=0 beam search maximises log P(Y|X). This is not a theorem (beam search may prune
+    the greedy prefix and then find only worse continuations), so it is checked on fixed random
+    models, where it holds: 10 models x 8 sentences."""
     better = 0
     for seed in range(10):
         torch.manual_seed(seed)
@@ -57,9 +73,12 @@ def test_beam_does_not_score_below_greedy_on_random_models():
         beams = beam_search_hypotheses(model, src, mask, 10, BOS, EOS, beam_size=4, alpha=0.0)
         beam_lp = torch.tensor([b[0].log_prob for b in beams], dtype=torch.float64)
         best = [b[0] for b in beams]
-        torch.testing.assert_close(   # the reported log P is the model's
-            sequence_log_prob(model, src, mask, [h.tokens for h in best], BOS, EOS, [h.finished for h in best]),
-            beam_lp)
+        torch.testing.assert_close(  # the reported log P is the model's
+            sequence_log_prob(
+                model, src, mask, [h.tokens for h in best], BOS, EOS, [h.finished for h in best]
+            ),
+            beam_lp,
+        )
         assert (beam_lp >= greedy_lp - 1e-9).all(), (seed, beam_lp - greedy_lp)
         better += int((beam_lp > greedy_lp + 1e-9).sum())
     assert better > 0
@@ -67,17 +86,27 @@ def test_beam_does_not_score_below_greedy_on_random_models():
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_beam_as_large_as_the_search_space_is_exact_search(alpha):
-    V, L = 7, 3                                  # 4 real tokens (+ pad, bos, eos), at most 3 generated tokens
+    V, L = 7, 3  # 4 real tokens (+ pad, bos, eos), at most 3 generated tokens
     torch.manual_seed(3)
     model = make_model(V, V, N=1, d_model=16, d_ff=32, h=2).double().eval()
     src, mask = random_batch(V, batch=2, n=4, seed=1)
-    outputs = [([*s[:-1]], True) if s[-1] == EOS else ([*s], False)
-               for n in range(1, L + 1) for s in itertools.product(range(V), repeat=n)
-               if EOS not in s[:-1] and (s[-1] == EOS or n == L)]
-    beams = beam_search_hypotheses(model, src, mask, L + 1, BOS, EOS, beam_size=V ** L, alpha=alpha)
+    outputs = [
+        ([*s[:-1]], True) if s[-1] == EOS else ([*s], False)
+        for n in range(1, L + 1)
+        for s in itertools.product(range(V), repeat=n)
+        if EOS not in s[:-1] and (s[-1] == EOS or n == L)
+    ]
+    beams = beam_search_hypotheses(model, src, mask, L + 1, BOS, EOS, beam_size=V**L, alpha=alpha)
     for i in range(2):
-        lp = sequence_log_prob(model, src[i:i + 1].expand(len(outputs), -1), mask[i:i + 1].expand(len(outputs), -1, -1),
-                               [o for o, _ in outputs], BOS, EOS, [f for _, f in outputs])
+        lp = sequence_log_prob(
+            model,
+            src[i : i + 1].expand(len(outputs), -1),
+            mask[i : i + 1].expand(len(outputs), -1, -1),
+            [o for o, _ in outputs],
+            BOS,
+            EOS,
+            [f for _, f in outputs],
+        )
         n_tokens = torch.tensor([len(o) + f for o, f in outputs], dtype=torch.float64)
         scores = lp / length_penalty(n_tokens, alpha)
         order = scores.argsort(descending=True)
@@ -85,12 +114,13 @@ def test_beam_as_large_as_the_search_space_is_exact_search(alpha):
         assert best.tokens == outputs[int(order[0])][0]
         assert math.isclose(best.score, scores.max().item(), rel_tol=1e-12)
         # the whole final beam is the top of the exhaustive ranking
-        top = sorted(scores.tolist(), reverse=True)[:len(beams[i])]
+        top = sorted(scores.tolist(), reverse=True)[: len(beams[i])]
         assert [h.score for h in beams[i]] == pytest.approx(top, rel=1e-12)
 
 
 class TableDecoder:
-    """A stand-in decoder: next-token log-probabilities are a fixed random function of the prefix."""
+    """A stand-in decoder: next-token log-probabilities are a fixed random function of the
+    prefix."""
 
     def __init__(self, vocab, seed):
         self.vocab, self.seed = vocab, seed
@@ -109,7 +139,7 @@ class TableDecoder:
 def plain_beam_search(decoder, K, limit, alpha):
     """The paper's search written out: at every step keep the K candidates with the highest
     length-normalised score; a finished hypothesis competes as itself."""
-    beam = [((BOS,), 0.0, False)]                                   # (tokens, log P, finished)
+    beam = [((BOS,), 0.0, False)]  # (tokens, log P, finished)
     while not all(done for _, _, done in beam):
         candidates = []
         for ys, lp, done in beam:
@@ -132,7 +162,9 @@ def test_length_penalty_ranks_candidates_during_the_search(alpha):
 
     for seed in range(40):
         decoder = TableDecoder(6, seed)
-        best = beam_search_core(decoder, 1, torch.tensor([5]), BOS, EOS, beam_size=3, alpha=alpha)[0][0]
+        best = beam_search_core(decoder, 1, torch.tensor([5]), BOS, EOS, beam_size=3, alpha=alpha)[
+            0
+        ][0]
         expected = plain_beam_search(decoder, 3, 5, alpha)
         assert best.tokens + [EOS] * best.finished == list(expected), seed
 
@@ -144,8 +176,12 @@ def test_cache_gives_the_same_hypotheses(config):
         model = make_model(15, 15, N=2, d_model=32, d_ff=64, h=4, **config).double().eval()
         src, mask = random_batch(15, batch=4, n=6, seed=seed)
         for beam_size, max_len in [(1, 12), (3, 12), (5, None)]:
-            fast = beam_search_hypotheses(model, src, mask, max_len, BOS, EOS, beam_size, 0.6, use_cache=True)
-            slow = beam_search_hypotheses(model, src, mask, max_len, BOS, EOS, beam_size, 0.6, use_cache=False)
+            fast = beam_search_hypotheses(
+                model, src, mask, max_len, BOS, EOS, beam_size, 0.6, use_cache=True
+            )
+            slow = beam_search_hypotheses(
+                model, src, mask, max_len, BOS, EOS, beam_size, 0.6, use_cache=False
+            )
             assert [[h.tokens for h in b] for b in fast] == [[h.tokens for h in b] for b in slow]
             for fb, sb in zip(fast, slow):
                 assert [h.score for h in fb] == pytest.approx([h.score for h in sb], rel=1e-10)
@@ -155,13 +191,19 @@ def test_length_limits():
     torch.manual_seed(0)
     model = make_model(10, 10, N=1, d_model=16, d_ff=32, h=2).eval()
     with torch.no_grad():
-        model.generator.proj.bias[EOS] = -1e9    # never finishes: every search runs to its limit
+        model.generator.proj.bias[EOS] = -1e9  # never finishes: every search runs to its limit
     src, mask = random_batch(10, batch=3, n=5)
-    n_src = mask.sum(-1).squeeze(-1).tolist()    # [5, 4, 3]
+    n_src = mask.sum(-1).squeeze(-1).tolist()  # [5, 4, 3]
     beams = beam_search_hypotheses(model, src, mask, None, BOS, EOS, beam_size=2)
-    assert [len(b[0].tokens) for b in beams] == [n + 50 for n in n_src]    # the paper's input length + 50
+    assert [len(b[0].tokens) for b in beams] == [
+        n + 50 for n in n_src
+    ]  # the paper's input length + 50
     assert not any(h.finished for b in beams for h in b)
-    assert [len(t) for t in beam_search(model, src, mask, 6, BOS, EOS)] == [5, 5, 5]   # max_len counts <s>
+    assert [len(t) for t in beam_search(model, src, mask, 6, BOS, EOS)] == [
+        5,
+        5,
+        5,
+    ]  # max_len counts <s>
 
 
 def test_empty_source_gives_empty_output():
@@ -196,11 +238,12 @@ def test_bad_arguments():
 
 # ---------------------------------------------------------------- checkpoint averaging
 
+
 def test_average_of_two_checkpoints_is_the_elementwise_mean(tmp_path):
     torch.manual_seed(0)
     a, b = (make_model(11, 11, N=1, d_model=16, d_ff=32, h=2) for _ in range(2))
-    torch.save({"model": a.state_dict(), "step": 10}, tmp_path / "a.pt")   # the trainer's format
-    torch.save(b.state_dict(), tmp_path / "b.pt")                          # a plain state_dict
+    torch.save({"model": a.state_dict(), "step": 10}, tmp_path / "a.pt")  # the trainer's format
+    torch.save(b.state_dict(), tmp_path / "b.pt")  # a plain state_dict
     avg = average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt"])
     sa, sb = a.state_dict(), b.state_dict()
     assert avg.keys() == sa.keys()
@@ -208,23 +251,30 @@ def test_average_of_two_checkpoints_is_the_elementwise_mean(tmp_path):
         torch.testing.assert_close(avg[k], (sa[k] + sb[k]) / 2)
         assert avg[k].dtype == sa[k].dtype
     m = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2)
-    m.load_state_dict(avg)                                                 # shared embeddings load fine
+    m.load_state_dict(avg)  # shared embeddings load fine
     assert m.generator.proj.weight is m.tgt_embed[0].lut.weight
 
 
 def test_average_keeps_half_precision_and_integer_entries(tmp_path):
     for i, v in enumerate([1.0, 2.0, 4.0]):
-        torch.save({"w": torch.full((3,), v, dtype=torch.float16), "n": torch.tensor(i)}, tmp_path / f"{i}.pt")
+        torch.save(
+            {"w": torch.full((3,), v, dtype=torch.float16), "n": torch.tensor(i)},
+            tmp_path / f"{i}.pt",
+        )
     avg = average_checkpoints(sorted(tmp_path.glob("*.pt")))
-    assert avg["w"].dtype == torch.float16 and torch.equal(avg["w"], torch.full((3,), 7 / 3, dtype=torch.float16))
-    assert int(avg["n"]) == 2                                               # from the last checkpoint
+    assert avg["w"].dtype == torch.float16 and torch.equal(
+        avg["w"], torch.full((3,), 7 / 3, dtype=torch.float16)
+    )
+    assert int(avg["n"]) == 2  # from the last checkpoint
 
 
 def test_average_refuses_different_models(tmp_path):
     torch.save(make_model(11, 11, N=1, d_model=16, d_ff=32, h=2).state_dict(), tmp_path / "a.pt")
     torch.save(make_model(11, 11, N=1, d_model=16, d_ff=64, h=2).state_dict(), tmp_path / "wide.pt")
     torch.save(make_model(11, 11, N=2, d_model=16, d_ff=32, h=2).state_dict(), tmp_path / "deep.pt")
-    with pytest.raises(ValueError, match=r"encoder\.layers\.0\.feed_forward\.w_1\.weight \(32, 16\) vs \(64, 16\)"):
+    with pytest.raises(
+        ValueError, match=r"encoder\.layers\.0\.feed_forward\.w_1\.weight \(32, 16\) vs \(64, 16\)"
+    ):
         average_checkpoints([tmp_path / "a.pt", tmp_path / "wide.pt"])
     with pytest.raises(ValueError, match=r"unexpected decoder\.layers\.1\."):
         average_checkpoints([tmp_path / "a.pt", tmp_path / "deep.pt"])
@@ -249,34 +299,69 @@ def test_identical_corpora_score_100():
 def test_sacrebleu_matches_its_command_line(tmp_path):
     (tmp_path / "hyp").write_text("\n".join(HYPS) + "\n", encoding="utf-8")
     (tmp_path / "ref").write_text("\n".join(REFS) + "\n", encoding="utf-8")
-    cli = [str(BIN / "sacrebleu"), str(tmp_path / "ref"), "-i", str(tmp_path / "hyp"), "-b", "-w", "4"]
+    cli = [
+        str(BIN / "sacrebleu"),
+        str(tmp_path / "ref"),
+        "-i",
+        str(tmp_path / "hyp"),
+        "-b",
+        "-w",
+        "4",
+    ]
     score, signature = sacrebleu_score(HYPS, REFS)
-    assert subprocess.run(cli, capture_output=True, text=True, check=True).stdout.strip() == f"{score:.4f}"
+    assert (
+        subprocess.run(cli, capture_output=True, text=True, check=True).stdout.strip()
+        == f"{score:.4f}"
+    )
     assert "tok:13a" in signature and "version:" in signature
     # tokenized BLEU = sacreBLEU without its own tokenisation and smoothing, on the paper's tokens
     tok = PaperTokenizer("de")
     (tmp_path / "hyp.tok").write_text("\n".join(tok(h) for h in HYPS) + "\n", encoding="utf-8")
     (tmp_path / "ref.tok").write_text("\n".join(tok(r) for r in REFS) + "\n", encoding="utf-8")
-    cli = [str(BIN / "sacrebleu"), str(tmp_path / "ref.tok"), "-i", str(tmp_path / "hyp.tok"), "-b", "-w", "4",
-           "--tokenize", "none", "--smooth-method", "none", "--force"]
+    cli = [
+        str(BIN / "sacrebleu"),
+        str(tmp_path / "ref.tok"),
+        "-i",
+        str(tmp_path / "hyp.tok"),
+        "-b",
+        "-w",
+        "4",
+        "--tokenize",
+        "none",
+        "--smooth-method",
+        "none",
+        "--force",
+    ]
     tscore, description = tokenized_bleu(HYPS, REFS)
-    assert subprocess.run(cli, capture_output=True, text=True, check=True).stdout.strip() == f"{tscore:.4f}"
+    assert (
+        subprocess.run(cli, capture_output=True, text=True, check=True).stdout.strip()
+        == f"{tscore:.4f}"
+    )
     assert "##AT##" in description and "tok:none" in description
-    assert tscore > score                  # split compounds add easy matches
+    assert tscore > score  # split compounds add easy matches
 
 
 def test_compound_splitting():
     assert split_compounds("rich-text format") == "rich ##AT##-##AT## text format"
-    assert split_compounds("a-b-c -x y- --") == "a ##AT##-##AT## b-c -x y- --"    # non-overlapping, like perl
-    assert (PaperTokenizer("de")("Ein E-Mail-Programm-Handbuch, bitte.")
-            == "Ein E ##AT##-##AT## Mail ##AT##-##AT## Programm ##AT##-##AT## Handbuch , bitte .")
+    assert (
+        split_compounds("a-b-c -x y- --") == "a ##AT##-##AT## b-c -x y- --"
+    )  # non-overlapping, like perl
+    assert (
+        PaperTokenizer("de")("Ein E-Mail-Programm-Handbuch, bitte.")
+        == "Ein E ##AT##-##AT## Mail ##AT##-##AT## Programm ##AT##-##AT## Handbuch , bitte ."
+    )
 
 
 @pytest.mark.skipif(shutil.which("perl") is None, reason="perl not installed")
 def test_compound_splitting_matches_the_perl_one_liner():
     lines = "a-b-c rich-text -x y- 3-4 -- E-Mail-Adresse\nDas ist ein Hin-und-Her.\n"
-    perl = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"], input=lines,
-                          capture_output=True, text=True, check=True).stdout
+    perl = subprocess.run(
+        ["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"],
+        input=lines,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert perl.splitlines() == [split_compounds(x) for x in lines.splitlines()]
 
 
@@ -291,7 +376,13 @@ def test_length_mismatch_names_both_counts():
 def test_empty_lines_do_not_crash():
     for f in (sacrebleu_score, tokenized_bleu):
         assert f(["", ""], ["a b", "c"])[0] == 0.0
-        assert 0.0 < f(["", "Die Katze sitzt auf der Matte."], ["Ende.", "Die Katze sitzt auf der Matte."])[0] < 100.0
+        assert (
+            0.0
+            < f(
+                ["", "Die Katze sitzt auf der Matte."], ["Ende.", "Die Katze sitzt auf der Matte."]
+            )[0]
+            < 100.0
+        )
 
 
 def test_command_line(tmp_path):
@@ -301,12 +392,24 @@ def test_command_line(tmp_path):
     (tmp_path / "hyp").write_text("\n".join(HYPS) + "\n", encoding="utf-8")
     (tmp_path / "ref").write_text("\n".join(REFS) + "\n", encoding="utf-8")
     (tmp_path / "short").write_text("\n".join(HYPS[:2]) + "\n", encoding="utf-8")
-    run = subprocess.run([sys.executable, "-m", module, "--hyp", str(tmp_path / "hyp"), "--ref", str(tmp_path / "ref")],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            module,
+            "--hyp",
+            str(tmp_path / "hyp"),
+            "--ref",
+            str(tmp_path / "ref"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert f"sacreBLEU      {sacrebleu_score(HYPS, REFS)[0]:.2f}" in run.stdout
     assert f"tokenized BLEU {tokenized_bleu(HYPS, REFS)[0]:.2f}" in run.stdout
     from annotated.bleu import lowercase_tokenized_bleu
+
     assert f"lowercased     {lowercase_tokenized_bleu(HYPS, REFS)[0]:.2f}" in run.stdout
     assert "RuntimeWarning" not in run.stderr
     with pytest.raises(SystemExit) as exit:
@@ -320,14 +423,19 @@ def test_lowercase_tokenized_bleu_is_multi_bleu_lc_on_moses_tokens():
     refs = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee, hinter dem Haus."]
     assert lowercase_tokenized_bleu(refs, refs)[0] == pytest.approx(100)
     ascii_upper = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
-    shouted = [r.translate(ascii_upper) for r in refs]                 # "FäHRT": ASCII letters only
+    shouted = [r.translate(ascii_upper) for r in refs]  # "FäHRT": ASCII letters only
     assert lowercase_tokenized_bleu(shouted, refs)[0] == pytest.approx(100)
     assert sacrebleu_score(shouted, refs)[0] < 50
     # Perl's lc on undecoded bytes leaves non-ASCII capitals alone: "FÄHRT" stays "fÄhrt"
     assert lowercase_tokenized_bleu([r.upper() for r in refs], refs)[0] < 100
     # tokenized first, then lowercased: "Nr." is a Moses abbreviation, "nr." is not
-    assert lowercase_tokenized_bleu(["Er wohnt in Nr. 5 am Ende."], ["er wohnt in nr. 5 am ende."])[0] < 100
-    assert lowercase_tokenized_bleu(["Er wohnt in Nr. 5 am Ende."], ["ER WOHNT IN Nr. 5 AM ENDE."])[0] == pytest.approx(100)
+    assert (
+        lowercase_tokenized_bleu(["Er wohnt in Nr. 5 am Ende."], ["er wohnt in nr. 5 am ende."])[0]
+        < 100
+    )
+    assert lowercase_tokenized_bleu(["Er wohnt in Nr. 5 am Ende."], ["ER WOHNT IN Nr. 5 AM ENDE."])[
+        0
+    ] == pytest.approx(100)
     half = ["Ein Mann fährt Fahrrad.", "Eine Katze schläft."]
     assert 0 < lowercase_tokenized_bleu(half, refs)[0] < 100
     assert "moses-tok:de+ascii-lowercase" in lowercase_tokenized_bleu(refs, refs)[1]
@@ -342,12 +450,15 @@ def test_length_penalty_is_gnmts_formula():
     torch.testing.assert_close(length_penalty(lengths, 1.0), (5 + lengths) / 6)
     for alpha in (0.0, 0.6, 2.0):
         assert length_penalty(torch.tensor(1.0), alpha).item() == pytest.approx(1.0)
-        torch.testing.assert_close(length_penalty(lengths, alpha), length_penalty(lengths, 1.0) ** alpha)
+        torch.testing.assert_close(
+            length_penalty(lengths, alpha), length_penalty(lengths, 1.0) ** alpha
+        )
     assert length_penalty(torch.tensor(7.0), 1.0).item() == pytest.approx(2.0)
 
 
 class OnlyEndAfterFirst(TableDecoder):
-    """After its first token, only the end symbol is possible (every other token has log P = -inf)."""
+    """After its first token, only the end symbol is possible (every other token has log P =
+    -inf)."""
 
     def log_probs(self, prefix: tuple) -> torch.Tensor:
         lp = super().log_probs(prefix)
@@ -363,8 +474,15 @@ def test_impossible_hypotheses_are_dropped_and_the_search_stops():
     from annotated.decoding import beam_search_core
 
     steps = []
-    beams = beam_search_core(OnlyEndAfterFirst(6, 0), 1, torch.tensor([20]), BOS, EOS, beam_size=4,
-                             on_step=lambda *args: steps.append(1))
-    assert len(steps) == 2                                     # "</s>" and "3 </s>": two steps
+    beams = beam_search_core(
+        OnlyEndAfterFirst(6, 0),
+        1,
+        torch.tensor([20]),
+        BOS,
+        EOS,
+        beam_size=4,
+        on_step=lambda *args: steps.append(1),
+    )
+    assert len(steps) == 2  # "</s>" and "3 </s>": two steps
     assert sorted(h.tokens for h in beams[0]) == [[], [3]]
     assert all(h.finished and math.isfinite(h.log_prob) for h in beams[0])

@@ -1,4 +1,5 @@
 """Embeddings and positional encodings."""
+
 import math
 
 import pytest
@@ -35,7 +36,7 @@ def test_relative_offset_is_a_fixed_linear_map(k):
     m[0::2, 0::2], m[0::2, 1::2] = torch.diag(c), torch.diag(s)
     m[1::2, 0::2], m[1::2, 1::2] = torch.diag(-s), torch.diag(c)
     torch.testing.assert_close(pe[:-k] @ m.T, pe[k:], atol=1e-5, rtol=0)
-    dots = (pe[:-k] * pe[k:]).sum(-1)           # depends on k only
+    dots = (pe[:-k] * pe[k:]).sum(-1)  # depends on k only
     assert (dots.max() - dots.min()).item() < 1e-4
 
 

@@ -1,11 +1,12 @@
-"""Chapter 9b: scoring a run (averaged checkpoints, beam search, two BLEUs) and writing its results."""
+"""Chapter 9b: scoring a run (averaged checkpoints, beam search, two BLEUs) and writing its
+results."""
+
 import json
 import subprocess
 import sys
 
 import pytest
 
-from annotated.bleu import sacrebleu_score
 from annotated.cli import evaluate
 from annotated.errors import TrainingError
 from annotated.registry import build_config
@@ -22,21 +23,43 @@ def copy_run(tmp_path_factory):
 
 
 def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
-    pairs = [("3 4 5 6", "3 4 5 6"), ("7 8 9", "7 8 9"), ("10 11 12 3 4", "10 11 12 3 4"), ("5 5 6", "5 5 6")]
+    pairs = [
+        ("3 4 5 6", "3 4 5 6"),
+        ("7 8 9", "7 8 9"),
+        ("10 11 12 3 4", "10 11 12 3 4"),
+        ("5 5 6", "5 5 6"),
+    ]
     monkeypatch.setattr(CopyTask, "test_sets", {"toy": lambda: pairs})
     report = evaluate.evaluate_run(copy_run, last=3)
     assert report["checkpoints"] == ["ckpt_00000200.pt", "ckpt_00000300.pt", "ckpt_00000400.pt"]
     toy = report["tests"]["toy"]
-    assert toy["sentences"] == 4 and toy["sacrebleu"] >= 90 and "nrefs:1" in toy["sacrebleu_signature"]
+    assert (
+        toy["sentences"] == 4 and toy["sacrebleu"] >= 90 and "nrefs:1" in toy["sacrebleu_signature"]
+    )
     assert [t["source"] for t in report["translations"]["toy"]] == [s for s, _ in pairs]
     out = tmp_path / "results"
-    path = evaluate.write_results(out, copy_run, report, command="python -m annotated.cli.evaluate (test)")
+    path = evaluate.write_results(
+        out, copy_run, report, command="python -m annotated.cli.evaluate (test)"
+    )
     results = json.loads(path.read_text())
-    assert results["provenance"]["training_command"].startswith("python -m annotated.cli.train --config copy")
-    trained_on = json.loads((copy_run / "run.json").read_text())["device"]      # "cpu" or the GPU's name
-    assert results["provenance"]["device"] == trained_on and trained_on and results["provenance"]["commit"]
-    assert results["training"]["steps"] == 400 and results["evaluation"]["tests"]["toy"]["sentences"] == 4
-    assert (out / "toy.hyp").read_text().splitlines() == [t["hypothesis"] for t in report["translations"]["toy"]]
+    assert results["provenance"]["training_command"].startswith(
+        "python -m annotated.cli.train --config copy"
+    )
+    trained_on = json.loads((copy_run / "run.json").read_text())[
+        "device"
+    ]  # "cpu" or the GPU's name
+    assert (
+        results["provenance"]["device"] == trained_on
+        and trained_on
+        and results["provenance"]["commit"]
+    )
+    assert (
+        results["training"]["steps"] == 400
+        and results["evaluation"]["tests"]["toy"]["sentences"] == 4
+    )
+    assert (out / "toy.hyp").read_text().splitlines() == [
+        t["hypothesis"] for t in report["translations"]["toy"]
+    ]
     assert (out / "samples.tsv").read_text().splitlines()[0] == "source\treference\thypothesis"
     assert (out / "metrics.jsonl").read_text() == (copy_run / "metrics.jsonl").read_text()
     assert not list(out.glob("*.tmp"))
@@ -52,8 +75,11 @@ def test_evaluate_refuses_runs_it_cannot_score(copy_run, tmp_path):
 
 
 def test_cli_reports_a_missing_run(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path / "nope")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "no checkpoints in" in r.stderr and "train first" in r.stderr
 
 
@@ -63,10 +89,10 @@ def test_inputs_are_checked_before_any_decoding(copy_run, tmp_path, monkeypatch)
     (run / "checkpoints").symlink_to(copy_run / "checkpoints")
     (run / "run.json").write_text((copy_run / "run.json").read_text())
     good = (copy_run / "metrics.jsonl").read_text()
-    (run / "metrics.jsonl").write_text(good + '{"step": 401, "lo')           # cut short by a kill
+    (run / "metrics.jsonl").write_text(good + '{"step": 401, "lo')  # cut short by a kill
     run_info, metrics, text = evaluate.read_run(run)
     assert text == good and metrics[-1]["step"] == 400
-    (run / "metrics.jsonl").write_text('{"step": 1, "lo\n' + good)            # damaged in the middle
+    (run / "metrics.jsonl").write_text('{"step": 1, "lo\n' + good)  # damaged in the middle
     with pytest.raises(TrainingError, match="line 1 is not JSON"):
         evaluate.read_run(run)
     decoded = []
@@ -80,8 +106,11 @@ def test_inputs_are_checked_before_any_decoding(copy_run, tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("flag", [["--last", "0"], ["--beam", "0"], ["--alpha", "nan"]])
 def test_cli_refuses_meaningless_search_settings(tmp_path, flag):
-    r = subprocess.run([sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path), *flag],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path), *flag],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "must be at least 1" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -92,11 +121,19 @@ def test_bleu_cli_strips_a_byte_order_mark_and_names_bad_bytes(tmp_path):
     bad.write_bytes(b"Ein Hund\xff\nZwei\n")
 
     def cli(h):
-        return subprocess.run([sys.executable, "-m", "annotated.cli.bleu", "--hyp", str(h), "--ref", str(ref)],
-                              capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "annotated.cli.bleu", "--hyp", str(h), "--ref", str(ref)],
+            capture_output=True,
+            text=True,
+        )
+
     assert "sacreBLEU      100.00" in cli(hyp).stdout
     r = cli(bad)
-    assert r.returncode == 2 and f"{bad}: line 1 is not valid UTF-8" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        r.returncode == 2
+        and f"{bad}: line 1 is not valid UTF-8" in r.stderr
+        and "Traceback" not in r.stderr
+    )
 
 
 def test_cli_turns_missing_data_and_ctrl_c_into_messages(copy_run, monkeypatch, capsys):
@@ -104,12 +141,14 @@ def test_cli_turns_missing_data_and_ctrl_c_into_messages(copy_run, monkeypatch, 
 
     def missing():
         raise DataError("toy.de not found: looked for /nowhere/toy.de")
+
     monkeypatch.setattr(CopyTask, "test_sets", {"toy": missing})
     assert evaluate.main(["--run", str(copy_run)]) == 2
     assert "error: toy.de not found" in capsys.readouterr().err
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(evaluate, "evaluate_run", interrupted)
     assert evaluate.main(["--run", str(copy_run)]) == 2
     assert "interrupted: nothing was written" in capsys.readouterr().err

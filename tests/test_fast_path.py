@@ -1,5 +1,7 @@
 """The fast path (chapter 6b) computes the reference function: fused attention and projections, the
-fused label-smoothed loss, and FastDropout (which differs from nn.Dropout only in its random bits)."""
+fused label-smoothed loss, and FastDropout (which differs from nn.Dropout only in its random
+bits)."""
+
 import copy
 import json
 import math
@@ -9,14 +11,12 @@ import torch
 from torch import nn
 
 from annotated import make_model
+from annotated.batching import PAD, Batch
 from annotated.fast import FastDropout, make_fast
-from annotated.loss import FusedLabelSmoothing
+from annotated.loss import FusedLabelSmoothing, LabelSmoothing
 from annotated.multihead import MultiHeadedAttention
 from annotated.registry import build_config
-from annotated.trainer import train
-from annotated.batching import PAD, Batch
-from annotated.loss import LabelSmoothing
-from annotated.trainer import loss_on_batch
+from annotated.trainer import loss_on_batch, train
 
 TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-5)}
 
@@ -25,7 +25,10 @@ def padded_batch(vocab=31, seed=0):
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(3, vocab, (4, 9), generator=g)
     tgt = torch.randint(3, vocab, (4, 8), generator=g)
-    src[1, 5:] = PAD; src[3, 2:] = PAD; tgt[2, 4:] = PAD; tgt[3, 1:] = PAD
+    src[1, 5:] = PAD
+    src[3, 2:] = PAD
+    tgt[2, 4:] = PAD
+    tgt[3, 1:] = PAD
     return Batch(src, tgt, PAD)
 
 
@@ -41,8 +44,17 @@ def loss_and_grads(model, crit, b):
 @pytest.mark.parametrize("share", [True, False])
 def test_fast_model_equals_reference(dtype, norm_first, share):
     torch.manual_seed(0)
-    ref = make_model(31, 31, N=2, d_model=32, d_ff=64, h=4, dropout=0.0, norm_first=norm_first,
-                     share_embeddings=share).to(dtype)
+    ref = make_model(
+        31,
+        31,
+        N=2,
+        d_model=32,
+        d_ff=64,
+        h=4,
+        dropout=0.0,
+        norm_first=norm_first,
+        share_embeddings=share,
+    ).to(dtype)
     fast = make_fast(copy.deepcopy(ref))
     b = padded_batch()
     loss_ref, g_ref = loss_and_grads(ref, LabelSmoothing(31, PAD, 0.1), b)
@@ -57,31 +69,40 @@ def test_make_fast_keeps_parameters_and_swaps_every_dropout():
     ref = make_model(11, 11, N=2, d_model=16, d_ff=32, h=2, dropout=0.2, attn_dropout=0.1)
     fast = make_fast(copy.deepcopy(ref))
     assert fast.state_dict().keys() == ref.state_dict().keys()
-    assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), ref.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(fast.state_dict().values(), ref.state_dict().values())
+    )
     drops = [m for m in fast.modules() if isinstance(m, nn.Dropout)]
     assert drops and all(type(m) is FastDropout for m in drops)
-    assert sorted(m.p for m in drops) == sorted(m.p for m in ref.modules() if isinstance(m, nn.Dropout))
+    assert sorted(m.p for m in drops) == sorted(
+        m.p for m in ref.modules() if isinstance(m, nn.Dropout)
+    )
     assert all(m.fast for m in fast.modules() if isinstance(m, MultiHeadedAttention))
-    ref.load_state_dict(fast.state_dict())                # checkpoints move both ways
+    ref.load_state_dict(fast.state_dict())  # checkpoints move both ways
 
 
 def test_fast_attention_keeps_no_weights_and_respects_dropout_mode():
-    model = make_fast(make_model(11, 11, N=1, d_model=16, d_ff=32, h=2, dropout=0.0, attn_dropout=0.5))
+    model = make_fast(
+        make_model(11, 11, N=1, d_model=16, d_ff=32, h=2, dropout=0.0, attn_dropout=0.5)
+    )
     src = torch.randint(3, 11, (2, 6))
     model.eval()
     a = model.encode(src, (src != PAD)[:, None])
     b = model.encode(src, (src != PAD)[:, None])
-    assert torch.equal(a, b)                              # no dropout in eval mode
+    assert torch.equal(a, b)  # no dropout in eval mode
     assert model.encoder.layers[0].self_attn.attn is None
     model.train()
-    assert not torch.equal(model.encode(src, (src != PAD)[:, None]), a)   # attention dropout is applied
+    assert not torch.equal(
+        model.encode(src, (src != PAD)[:, None]), a
+    )  # attention dropout is applied
 
 
 @pytest.mark.parametrize("cross", [False, True])
 def test_stacked_projections_equal_separate_ones(cross):
     torch.manual_seed(0)
     ref = MultiHeadedAttention(4, 32, dropout=0.0).double()
-    fast = copy.deepcopy(ref); fast.fast = True
+    fast = copy.deepcopy(ref)
+    fast.fast = True
     x = torch.randn(3, 5, 32, dtype=torch.float64, requires_grad=True)
     mem = torch.randn(3, 7, 32, dtype=torch.float64, requires_grad=True) if cross else x
     for got, want in zip(fast.project(x, mem, mem), ref.project(x, mem, mem)):
@@ -97,7 +118,8 @@ def test_fused_loss_equals_label_smoothing(V, eps):
     g = torch.Generator().manual_seed(V)
     hidden = torch.randn(6, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
     target = torch.randint(1, V, (6, 5), generator=g)
-    target[0, 2:] = PAD; target[4, :] = PAD
+    target[0, 2:] = PAD
+    target[4, :] = PAD
     gen = make_model(V, V, N=1, d_model=8, d_ff=16, h=2).generator.double()
     slow = LabelSmoothing(V, PAD, eps)(gen(hidden).reshape(-1, V), target.reshape(-1))
     grads_slow = torch.autograd.grad(slow, [hidden, *gen.parameters()])
@@ -111,7 +133,9 @@ def test_fused_loss_equals_label_smoothing(V, eps):
 def test_fused_loss_rejects_a_generator_of_another_size():
     gen = make_model(9, 9, N=1, d_model=8, d_ff=16, h=2).generator
     with pytest.raises(ValueError, match="gives 9 logits.*vocabulary of 12"):
-        FusedLabelSmoothing(12, PAD, 0.1)(torch.randn(2, 3, 8), torch.ones(2, 3, dtype=torch.long), gen)
+        FusedLabelSmoothing(12, PAD, 0.1)(
+            torch.randn(2, 3, 8), torch.ones(2, 3, dtype=torch.long), gen
+        )
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.9])
@@ -125,8 +149,8 @@ def test_fast_dropout_rate_scale_and_seed(p):
     assert abs(dropped - rate) < 5 * math.sqrt(rate * (1 - rate) / x.numel())
     torch.testing.assert_close(y[y != 0], torch.full_like(y[y != 0], 1 / (1 - rate)))
     torch.manual_seed(7)
-    assert torch.equal(drop(x), y)                            # seeded like any torch RNG
-    assert not torch.equal(drop(x), y)                        # and fresh on the next call
+    assert torch.equal(drop(x), y)  # seeded like any torch RNG
+    assert not torch.equal(drop(x), y)  # and fresh on the next call
     assert torch.equal(drop.eval()(x), x)
 
 
@@ -139,36 +163,47 @@ def test_fast_dropout_masks_are_independent_of_position():
 
 
 def test_fast_dropout_edge_rates_and_odd_sizes():
-    x = torch.randn(3, 5, 7)                                  # numel not a multiple of 4
+    x = torch.randn(3, 5, 7)  # numel not a multiple of 4
     assert torch.equal(FastDropout(1.0)(x), torch.zeros_like(x))
     assert torch.equal(FastDropout(0.0)(x), x)
     y = FastDropout(0.5)(x)
     assert y.shape == x.shape and ((y == 0) | torch.isclose(y, 2 * x)).all()
     xg = x.clone().requires_grad_(True)
-    torch.manual_seed(1); out = FastDropout(0.5)(xg)
+    torch.manual_seed(1)
+    out = FastDropout(0.5)(xg)
     out.sum().backward()
     assert torch.equal(xg.grad == 0, out == 0)
 
 
 def logged_losses(out, steps, *overrides):
     """Train the copy task for `steps` steps with `overrides`; the loss logged at every step."""
-    cfg = build_config("copy", [f"max_steps={steps}", "log_every=1", "checkpoint_every=0", *overrides])
+    cfg = build_config(
+        "copy", [f"max_steps={steps}", "log_every=1", "checkpoint_every=0", *overrides]
+    )
     train(cfg, out, progress=False)
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_trainer_fast_and_reference_paths_train_alike(tmp_path):
-    """The trainer's fast path (default) and reference path (fast=false) give the same losses without dropout."""
-    fast, ref = logged_losses(tmp_path / "fast", 5, "fast=true"), logged_losses(tmp_path / "ref", 5, "fast=false")
+    """The trainer's fast path (default) and reference path (fast=false) give the same losses
+    without dropout."""
+    fast, ref = (
+        logged_losses(tmp_path / "fast", 5, "fast=true"),
+        logged_losses(tmp_path / "ref", 5, "fast=false"),
+    )
     assert len(fast) == 5
     for a, b in zip(fast, ref):
         assert math.isclose(a, b, rel_tol=1e-4), (fast, ref)
 
 
 def test_trainer_compile_switch_trains_the_same_function(tmp_path):
-    """--set compile=true runs the model through torch.compile; without dropout it follows the same losses."""
+    """--set compile=true runs the model through torch.compile; without dropout it follows the same
+    losses."""
     small = ["model.N=1", "model.d_model=32", "model.d_ff=64"]
-    compiled, plain = logged_losses(tmp_path / "c", 3, "compile=true", *small), logged_losses(tmp_path / "p", 3, *small)
+    compiled, plain = (
+        logged_losses(tmp_path / "c", 3, "compile=true", *small),
+        logged_losses(tmp_path / "p", 3, *small),
+    )
     assert len(compiled) == 3
     for a, b in zip(compiled, plain):
         assert math.isclose(a, b, rel_tol=1e-4), (compiled, plain)

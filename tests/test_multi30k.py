@@ -1,11 +1,11 @@
 """Multi30k as a trainer task (chapter 9): framing of sources and targets, batches, translate."""
+
 import torch
 
+from annotated.batching import BOS, EOS, PAD, make_batch
 from annotated.datasets.multi30k import load_multi30k
-from annotated.batching import make_batch
 from annotated.tasks.multi30k import Multi30kTask, multi30k_cpu_config
 from annotated.translation import translate
-from annotated.batching import BOS, EOS, PAD
 
 
 def test_sources_end_and_targets_are_framed():
@@ -16,11 +16,15 @@ def test_sources_end_and_targets_are_framed():
     assert task.src[0] == task.tokenizer.encode(first_src) + [EOS]
     assert task.tgt[0] == [BOS] + task.tokenizer.encode(first_tgt) + [EOS]
     batch = task.micro_batch(3, 0)
-    for src_row, tgt_row in zip(batch.src.tolist(), torch.cat([batch.tgt[:, :1], batch.tgt_y], 1).tolist()):
+    for src_row, tgt_row in zip(
+        batch.src.tolist(), torch.cat([batch.tgt[:, :1], batch.tgt_y], 1).tolist()
+    ):
         src_row, tgt_row = [t for t in src_row if t != PAD], [t for t in tgt_row if t != PAD]
         assert src_row[-1] == EOS and EOS not in src_row[:-1] and BOS not in src_row
         assert tgt_row[0] == BOS and tgt_row[-1] == EOS and EOS not in tgt_row[:-1]
-    assert batch.ntokens == sum(len(task.tgt[i]) - 1 for i in task.epoch(0)[3])   # <s> is not predicted
+    assert batch.ntokens == sum(
+        len(task.tgt[i]) - 1 for i in task.epoch(0)[3]
+    )  # <s> is not predicted
 
 
 class EchoModel(torch.nn.Module):
@@ -34,11 +38,15 @@ class EchoModel(torch.nn.Module):
 
 def test_translate_decodes_without_special_tokens(monkeypatch):
     import importlib
+
     translation = importlib.import_module("annotated.translation")
     task_tokenizer = Multi30kTask(multi30k_cpu_config()).tokenizer
 
     def fake_beam_search(model, src, src_mask, max_len, bos, eos, *, beam_size, alpha):
-        return [[BOS] + [t for t in row if t not in (PAD, EOS)] + [EOS, PAD] for row in src.tolist()]
+        return [
+            [BOS] + [t for t in row if t not in (PAD, EOS)] + [EOS, PAD] for row in src.tolist()
+        ]
+
     monkeypatch.setattr(translation, "beam_search", fake_beam_search)
     sentences = ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball."]
     out = translate(EchoModel(task_tokenizer.vocab_size), task_tokenizer, sentences)

@@ -1,4 +1,5 @@
 """MultiHeadedAttention against torch.nn.MultiheadAttention with copied weights."""
+
 import pytest
 import torch
 from torch import nn
@@ -6,7 +7,9 @@ from torch import nn
 from annotated import MultiHeadedAttention, attention, subsequent_mask
 
 
-def copy_into_torch(ours: MultiHeadedAttention, d_model: int, h: int, dtype) -> nn.MultiheadAttention:
+def copy_into_torch(
+    ours: MultiHeadedAttention, d_model: int, h: int, dtype
+) -> nn.MultiheadAttention:
     ref = nn.MultiheadAttention(d_model, h, dropout=0.0, batch_first=True, dtype=dtype)
     with torch.no_grad():
         ref.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
@@ -32,15 +35,22 @@ def test_parity_with_torch(h, d_model, kind):
         want, _ = ref(x, x, x, attn_mask=~m[0])
     else:
         lengths = torch.tensor([9, 4, 1])
-        keep = torch.arange(9)[None, :] < lengths[:, None]             # (3, 9)
+        keep = torch.arange(9)[None, :] < lengths[:, None]  # (3, 9)
         got = ours(x, mem, mem, mask=keep[:, None, :])
         want, _ = ref(x, mem, mem, key_padding_mask=~keep)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     # gradients agree as well
-    got.sum().backward(); want.sum().backward()
-    torch.testing.assert_close(ours.w_o.weight.grad, ref.out_proj.weight.grad, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(torch.cat([ours.w_q.weight.grad, ours.w_k.weight.grad, ours.w_v.weight.grad]),
-                               ref.in_proj_weight.grad, rtol=1e-10, atol=1e-10)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(
+        ours.w_o.weight.grad, ref.out_proj.weight.grad, rtol=1e-10, atol=1e-10
+    )
+    torch.testing.assert_close(
+        torch.cat([ours.w_q.weight.grad, ours.w_k.weight.grad, ours.w_v.weight.grad]),
+        ref.in_proj_weight.grad,
+        rtol=1e-10,
+        atol=1e-10,
+    )
 
 
 def test_weights_kept_and_heads_independent():
@@ -70,8 +80,8 @@ def test_indivisible_heads_rejected():
 
 
 def test_key_bias_gradient_is_zero_in_exact_arithmetic():
-    """Softmax ignores a shift shared by every key, so the key projection's bias has no gradient; the
-    CUDA tests rely on this when they leave that bias out of their comparisons."""
+    """Softmax ignores a shift shared by every key, so the key projection's bias has no gradient;
+    the CUDA tests rely on this when they leave that bias out of their comparisons."""
     torch.manual_seed(0)
     mha = MultiHeadedAttention(4, 32, dropout=0.0).double()
     x = torch.randn(3, 7, 32, dtype=torch.float64)
@@ -82,8 +92,9 @@ def test_key_bias_gradient_is_zero_in_exact_arithmetic():
 
 def test_kept_attention_weights_hold_no_graph_so_the_model_can_be_copied():
     import copy
+
     mha = MultiHeadedAttention(4, 32, dropout=0.0)
     x = torch.randn(2, 5, 32, requires_grad=True)
     mha(x, x, x).sum().backward()
     assert mha.attn is not None and mha.attn.grad_fn is None and not mha.attn.requires_grad
-    copy.deepcopy(mha)                     # fails on a non-leaf tensor that carries a graph
+    copy.deepcopy(mha)  # fails on a non-leaf tensor that carries a graph

@@ -1,10 +1,10 @@
 """`pip install .` into an empty virtual environment gives a package that imports and whose command
 lines start. torch is installed first, pinned as in requirements.txt: a reader chooses the torch
 build for their machine, and any other specifier here would fetch gigabytes of CUDA wheels."""
+
 import re
 import shutil
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
@@ -15,8 +15,11 @@ COMMANDS = ["train", "translate", "bleu", "evaluate"]
 
 
 def torch_pin() -> str:
-    pins = [line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
-            if re.match(r"torch==", line.strip())]
+    pins = [
+        line.strip()
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if re.match(r"torch==", line.strip())
+    ]
     assert pins, "requirements.txt pins torch exactly"
     return pins[0]
 
@@ -32,13 +35,17 @@ def test_pip_install_into_an_empty_environment(tmp_path):
         return r.stdout
 
     run("-m", "pip", "install", "--quiet", torch_pin())
-    src = tmp_path / "src"                       # a copy: pip's build folders never land in the checkout
-    shutil.copytree(ROOT / "annotated", src / "annotated", ignore=shutil.ignore_patterns("__pycache__"))
+    src = tmp_path / "src"  # a copy: pip's build folders never land in the checkout
+    shutil.copytree(
+        ROOT / "annotated", src / "annotated", ignore=shutil.ignore_patterns("__pycache__")
+    )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     run("-m", "pip", "install", "--quiet", str(src))
     # from tmp_path, not the checkout: the installed copy is what is imported
-    where = run("-c", "import annotated; print(annotated.__file__); print(annotated.make_model(11, 11))")
+    where = run(
+        "-c", "import annotated; print(annotated.__file__); print(annotated.make_model(11, 11))"
+    )
     assert "site-packages" in where and "EncoderDecoder" in where
     for name in COMMANDS:
         assert "usage:" in run("-m", f"annotated.cli.{name}", "--help")

@@ -1,4 +1,6 @@
-"""The trainer's command line: distributed equivalence, exact resume after SIGKILL, and bad input."""
+"""The trainer's command line: distributed equivalence, exact resume after SIGKILL, and bad
+input."""
+
 import importlib
 import json
 import os
@@ -14,8 +16,20 @@ import torch
 
 from annotated.registry import build_config
 
-TINY = ["--set", "model.N=1", "--set", "model.d_model=16", "--set", "model.d_ff=32", "--set", "model.h=2",
-        "--set", "batch_sentences=8", "--set", "log_every=1"]
+TINY = [
+    "--set",
+    "model.N=1",
+    "--set",
+    "model.d_model=16",
+    "--set",
+    "model.d_ff=32",
+    "--set",
+    "model.h=2",
+    "--set",
+    "batch_sentences=8",
+    "--set",
+    "log_every=1",
+]
 
 
 def run_trainer(*args, launcher=None, timeout=300, check=True, **env_extra):
@@ -35,11 +49,34 @@ def final_weights(out: Path) -> dict:
 def test_two_processes_equal_one_process_with_accumulation(tmp_path):
     common = TINY + ["--set", "max_steps=6", "--set", "warmup=3"]
     # both on CPU (gloo), also on a machine with a GPU: the test is about the arithmetic of DDP
-    run_trainer("--config", "copy", "--out", str(tmp_path / "one"), "--set", "accum=2", *common,
-                CUDA_VISIBLE_DEVICES="")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
-    r = run_trainer("--config", "copy", "--out", str(tmp_path / "two"), *common, launcher=torchrun,
-                    CUDA_VISIBLE_DEVICES="")
+    run_trainer(
+        "--config",
+        "copy",
+        "--out",
+        str(tmp_path / "one"),
+        "--set",
+        "accum=2",
+        *common,
+        CUDA_VISIBLE_DEVICES="",
+    )
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+    ]
+    run_trainer(
+        "--config",
+        "copy",
+        "--out",
+        str(tmp_path / "two"),
+        *common,
+        launcher=torchrun,
+        CUDA_VISIBLE_DEVICES="",
+    )
     assert json.loads((tmp_path / "two" / "run.json").read_text())["world_size"] == 2
     one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     assert one.keys() == two.keys()
@@ -47,21 +84,43 @@ def test_two_processes_equal_one_process_with_accumulation(tmp_path):
         torch.testing.assert_close(one[k], two[k], rtol=1e-4, atol=1e-6, msg=k)
     # and the weights did move away from their initial values: the runs trained
     from annotated import make_model
+
     torch.manual_seed(0)
     initial = make_model(13, 13, N=1, d_model=16, d_ff=32, h=2).state_dict()
-    moved = [k for k in one if one[k].is_floating_point() and not torch.allclose(one[k], initial[k])]
+    moved = [
+        k for k in one if one[k].is_floating_point() and not torch.allclose(one[k], initial[k])
+    ]
     assert len(moved) > len(one) // 2, moved
 
 
 def test_sigkill_then_resume_is_identical(tmp_path):
-    args = ["--config", "copy", *TINY, "--set", "max_steps=400", "--set", "checkpoint_every=20",
-            "--set", "model.dropout=0.1", "--set", "keep_last=50"]
+    args = [
+        "--config",
+        "copy",
+        *TINY,
+        "--set",
+        "max_steps=400",
+        "--set",
+        "checkpoint_every=20",
+        "--set",
+        "model.dropout=0.1",
+        "--set",
+        "keep_last=50",
+    ]
     run_trainer(*args, "--out", str(tmp_path / "straight"))
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "annotated.cli.train", "--no-progress", *args, "--out", str(killed)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "annotated.cli.train", "--no-progress", *args, "--out", str(killed)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     deadline = time.time() + 120
-    while not list((killed / "checkpoints").glob("ckpt_*.pt")) and time.time() < deadline and proc.poll() is None:
+    while (
+        not list((killed / "checkpoints").glob("ckpt_*.pt"))
+        and time.time() < deadline
+        and proc.poll() is None
+    ):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -69,11 +128,15 @@ def test_sigkill_then_resume_is_identical(tmp_path):
     assert done, "no checkpoint was written before the kill"
     assert int(done[-1].stem.split("_")[1]) < 400, "the run finished before it could be killed"
     run_trainer(*args, "--out", str(killed), "--resume")
-    assert not list((killed / "checkpoints").glob("*.tmp"))     # a killed run's partial file is cleared
+    assert not list(
+        (killed / "checkpoints").glob("*.tmp")
+    )  # a killed run's partial file is cleared
     a, b = final_weights(tmp_path / "straight"), final_weights(killed)
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    steps = [json.loads(l)["step"] for l in (killed / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps[-1] == 400
 
 
@@ -83,45 +146,115 @@ def error_of(r):
 
 
 def test_unknown_config_key_and_type(tmp_path):
-    assert "unknown configuration 'wmt99'" in error_of(run_trainer("--config", "wmt99", "--out", str(tmp_path), check=False))
-    msg = error_of(run_trainer("--config", "copy", "--set", "warmpu=10", "--out", str(tmp_path), check=False))
+    assert "unknown configuration 'wmt99'" in error_of(
+        run_trainer("--config", "wmt99", "--out", str(tmp_path), check=False)
+    )
+    msg = error_of(
+        run_trainer("--config", "copy", "--set", "warmpu=10", "--out", str(tmp_path), check=False)
+    )
     assert "warmpu: unknown key" in msg and "warmup" in msg
-    msg = error_of(run_trainer("--config", "copy", "--set", "model.h=two", "--out", str(tmp_path), check=False))
+    msg = error_of(
+        run_trainer("--config", "copy", "--set", "model.h=two", "--out", str(tmp_path), check=False)
+    )
     assert "model.h expects a value of type int" in msg
-    msg = error_of(run_trainer("--config", "copy", "--set", "bf16=maybe", "--out", str(tmp_path), check=False))
+    msg = error_of(
+        run_trainer("--config", "copy", "--set", "bf16=maybe", "--out", str(tmp_path), check=False)
+    )
     assert "bf16 expects a value of type bool" in msg
 
 
 def test_resume_without_and_with_corrupt_checkpoint(tmp_path):
     out = tmp_path / "run"
-    assert "no checkpoint in" in error_of(run_trainer("--config", "copy", "--resume", "--out", str(out), check=False))
-    run_trainer("--config", "copy", *TINY, "--set", "max_steps=4", "--set", "checkpoint_every=2", "--out", str(out))
+    assert "no checkpoint in" in error_of(
+        run_trainer("--config", "copy", "--resume", "--out", str(out), check=False)
+    )
+    run_trainer(
+        "--config",
+        "copy",
+        *TINY,
+        "--set",
+        "max_steps=4",
+        "--set",
+        "checkpoint_every=2",
+        "--out",
+        str(out),
+    )
     newest = sorted((out / "checkpoints").glob("*.pt"))[-1]
     newest.write_bytes(newest.read_bytes()[:100])
-    msg = error_of(run_trainer("--config", "copy", *TINY, "--set", "max_steps=6", "--resume", "--out", str(out), check=False))
+    msg = error_of(
+        run_trainer(
+            "--config",
+            "copy",
+            *TINY,
+            "--set",
+            "max_steps=6",
+            "--resume",
+            "--out",
+            str(out),
+            check=False,
+        )
+    )
     assert "cannot be read" in msg and "ckpt_00000002.pt" in msg
 
 
 def test_out_dir_of_another_run(tmp_path):
     out = tmp_path / "run"
     run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
-    assert "already holds checkpoints" in error_of(run_trainer("--config", "copy", *TINY, "--out", str(out), check=False))
-    msg = error_of(run_trainer("--config", "copy", *TINY, "--set", "model.d_model=32", "--resume", "--out", str(out),
-                               check=False))
+    assert "already holds checkpoints" in error_of(
+        run_trainer("--config", "copy", *TINY, "--out", str(out), check=False)
+    )
+    msg = error_of(
+        run_trainer(
+            "--config",
+            "copy",
+            *TINY,
+            "--set",
+            "model.d_model=32",
+            "--resume",
+            "--out",
+            str(out),
+            check=False,
+        )
+    )
     assert "different model" in msg
 
 
 def test_nan_loss_stops_without_overwriting_the_good_checkpoint(tmp_path):
     out = tmp_path / "run"
-    run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--set", "checkpoint_every=1", "--out", str(out))
+    run_trainer(
+        "--config",
+        "copy",
+        *TINY,
+        "--set",
+        "max_steps=2",
+        "--set",
+        "checkpoint_every=1",
+        "--out",
+        str(out),
+    )
     good = sorted((out / "checkpoints").glob("*.pt"))
     before = {p.name: p.read_bytes() for p in good}
-    r = run_trainer("--config", "copy", *TINY, "--set", "max_steps=50", "--set", "checkpoint_every=1",
-                    "--set", "lr_factor=1e30", "--resume", "--out", str(out), check=False)
+    r = run_trainer(
+        "--config",
+        "copy",
+        *TINY,
+        "--set",
+        "max_steps=50",
+        "--set",
+        "checkpoint_every=1",
+        "--set",
+        "lr_factor=1e30",
+        "--resume",
+        "--out",
+        str(out),
+        check=False,
+    )
     msg = error_of(r)
     assert "the loss became" in msg and "Lower lr_factor" in msg
     after = sorted((out / "checkpoints").glob("*.pt"))
-    for p in after:   # checkpoints written before the blow-up are finite; the good ones are untouched
+    for (
+        p
+    ) in after:  # checkpoints written before the blow-up are finite; the good ones are untouched
         state = torch.load(p, weights_only=True)["model"]
         assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()), p.name
     for name, data in before.items():
@@ -132,12 +265,24 @@ def test_nan_loss_stops_without_overwriting_the_good_checkpoint(tmp_path):
 def test_update_that_breaks_the_weights_is_never_checkpointed(tmp_path):
     """The loss of step 3 is finite (it is computed before the update), but a learning rate beyond
     float32's range makes an update inf: the checkpoint due then is refused, and the message names
-    that step and the real last good checkpoint, the only one kept (keep_last=1) and a finite one."""
+    that step and the real last good checkpoint, the only one kept (keep_last=1) and a finite
+    one."""
     out = tmp_path / "run"
     common = [*TINY, "--set", "checkpoint_every=1", "--set", "keep_last=1", "--out", str(out)]
     run_trainer("--config", "copy", "--set", "max_steps=2", *common)
-    msg = error_of(run_trainer("--config", "copy", "--set", "max_steps=9", "--set", "lr_factor=1e45",
-                               "--resume", *common, check=False))
+    msg = error_of(
+        run_trainer(
+            "--config",
+            "copy",
+            "--set",
+            "max_steps=9",
+            "--set",
+            "lr_factor=1e45",
+            "--resume",
+            *common,
+            check=False,
+        )
+    )
     diverged = int(re.search(r"diverged at step (\d+)", msg).group(1))
     named = Path(re.search(r"last good checkpoint is (\S+\.pt)", msg).group(1))
     kept = sorted((out / "checkpoints").glob("*"))
@@ -148,25 +293,50 @@ def test_update_that_breaks_the_weights_is_never_checkpointed(tmp_path):
 
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_max_steps_zero_or_negative_is_refused(tmp_path, value):
-    msg = error_of(run_trainer("--config", "copy", "--max-steps", value, "--out", str(tmp_path), check=False))
+    msg = error_of(
+        run_trainer("--config", "copy", "--max-steps", value, "--out", str(tmp_path), check=False)
+    )
     assert "max_steps" in msg and "at least 1" in msg
     assert not (tmp_path / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("setting,key", [
-    ("warmup=0", "warmup"), ("model.d_model=65", "model.d_model"), ("accum=0", "accum"),
-    ("log_every=0", "log_every"), ("model.dropout=2", "model.dropout"), ("lr_factor=nan", "lr_factor")])
+@pytest.mark.parametrize(
+    "setting,key",
+    [
+        ("warmup=0", "warmup"),
+        ("model.d_model=65", "model.d_model"),
+        ("accum=0", "accum"),
+        ("log_every=0", "log_every"),
+        ("model.dropout=2", "model.dropout"),
+        ("lr_factor=nan", "lr_factor"),
+    ],
+)
 def test_unusable_values_are_refused_before_training(setting, key):
     from annotated.errors import ConfigError
+
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         build_config("copy", [setting])
 
 
 def test_second_trainer_on_the_same_folder_is_refused_and_a_kill_frees_it(tmp_path):
     out = tmp_path / "run"
-    args = ["--config", "copy", *TINY, "--set", "max_steps=100000", "--set", "checkpoint_every=5", "--out", str(out)]
-    first = subprocess.Popen([sys.executable, "-m", "annotated.cli.train", "--no-progress", *args],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    args = [
+        "--config",
+        "copy",
+        *TINY,
+        "--set",
+        "max_steps=100000",
+        "--set",
+        "checkpoint_every=5",
+        "--out",
+        str(out),
+    ]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "annotated.cli.train", "--no-progress", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     try:
         deadline = time.time() + 120
         while not list((out / "checkpoints").glob("ckpt_*.pt")) and time.time() < deadline:
@@ -181,9 +351,24 @@ def test_second_trainer_on_the_same_folder_is_refused_and_a_kill_frees_it(tmp_pa
 
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
     out = tmp_path / "run"
-    args = ["--config", "copy", *TINY, "--set", "max_steps=100000", "--set", "checkpoint_every=5", "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "annotated.cli.train", "--no-progress", *args], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    args = [
+        "--config",
+        "copy",
+        *TINY,
+        "--set",
+        "max_steps=100000",
+        "--set",
+        "checkpoint_every=5",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "annotated.cli.train", "--no-progress", *args],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     deadline = time.time() + 120
     while not list((out / "checkpoints").glob("ckpt_*.pt")) and time.time() < deadline:
         time.sleep(0.05)
@@ -196,17 +381,29 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
 def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_path, monkeypatch):
     trainer = importlib.import_module("annotated.trainer")
     out = tmp_path / "run"
-    cfg = build_config("copy", ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2",
-                          "max_steps=4", "checkpoint_every=2"])
+    cfg = build_config(
+        "copy",
+        [
+            "model.N=1",
+            "model.d_model=16",
+            "model.d_ff=32",
+            "model.h=2",
+            "max_steps=4",
+            "checkpoint_every=2",
+        ],
+    )
     trainer.train(cfg, out, progress=False)
     before = {p.name: p.read_bytes() for p in trainer.checkpoint_paths(out)}
 
     def full_disk(obj, f, *a, **k):
         Path(f).write_bytes(b"partial")
         raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 512 vs 448")
+
     monkeypatch.setattr(trainer.torch, "save", full_disk)
     cfg.max_steps = 6
-    with pytest.raises(trainer.TrainingError, match="could not write checkpoint .*ckpt_00000006.pt"):
+    with pytest.raises(
+        trainer.TrainingError, match="could not write checkpoint .*ckpt_00000006.pt"
+    ):
         trainer.train(cfg, out, resume=True, progress=False)
     assert not list((out / "checkpoints").glob("*.tmp"))
     assert {p.name: p.read_bytes() for p in trainer.checkpoint_paths(out)} == before
@@ -214,44 +411,86 @@ def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_p
 
 def test_resume_keeps_the_earlier_segment_and_logs_the_rate_each_step_used(tmp_path):
     from annotated.schedule import rate
-    first = build_config("copy").lr_factor                  # the configuration's own factor
+
+    first = build_config("copy").lr_factor  # the configuration's own factor
     out = tmp_path / "run"
     run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
-    run_trainer("--config", "copy", *TINY, "--set", "max_steps=4", "--set", f"lr_factor={first / 2}", "--resume",
-                "--out", str(out))
+    run_trainer(
+        "--config",
+        "copy",
+        *TINY,
+        "--set",
+        "max_steps=4",
+        "--set",
+        f"lr_factor={first / 2}",
+        "--resume",
+        "--out",
+        str(out),
+    )
     run = json.loads((out / "run.json").read_text())
     assert run["config"]["lr_factor"] == first / 2 and run["from_step"] == 2
-    assert [h["config"]["lr_factor"] for h in run["history"]] == [first] and run["history"][0]["until_step"] == 2
+    assert [h["config"]["lr_factor"] for h in run["history"]] == [first] and run["history"][0][
+        "until_step"
+    ] == 2
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert logged[0]["step"] == 1 and logged[0]["lr"] == pytest.approx(rate(1, 16, first, 100))
-    assert logged[2]["step"] == 3 and logged[2]["lr"] == pytest.approx(rate(3, 16, first / 2, 100))   # at once
+    assert logged[2]["step"] == 3 and logged[2]["lr"] == pytest.approx(
+        rate(3, 16, first / 2, 100)
+    )  # at once
 
 
 def test_files_that_are_not_checkpoints_or_json_get_messages(tmp_path):
     out = tmp_path / "run"
     run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
     (out / "run.json").write_text("")
-    msg = error_of(run_trainer("--config", "copy", *TINY, "--set", "max_steps=3", "--resume", "--out", str(out),
-                               check=False))
+    msg = error_of(
+        run_trainer(
+            "--config",
+            "copy",
+            *TINY,
+            "--set",
+            "max_steps=3",
+            "--resume",
+            "--out",
+            str(out),
+            check=False,
+        )
+    )
     assert "run.json cannot be read as JSON" in msg
     (out / "run.json").unlink()
     newest = sorted((out / "checkpoints").glob("*.pt"))[-1]
     torch.save({"weights": torch.zeros(2)}, newest)
-    msg = error_of(run_trainer("--config", "copy", *TINY, "--set", "max_steps=3", "--resume", "--out", str(out),
-                               check=False))
+    msg = error_of(
+        run_trainer(
+            "--config",
+            "copy",
+            *TINY,
+            "--set",
+            "max_steps=3",
+            "--resume",
+            "--out",
+            str(out),
+            check=False,
+        )
+    )
     assert "not a checkpoint of this trainer" in msg
 
 
 def test_a_refused_start_releases_the_folder_for_the_same_process(tmp_path):
-    """In a notebook the traceback keeps the failed call's frame alive: the lock must not live in it."""
+    """In a notebook the traceback keeps the failed call's frame alive: the lock must not live in
+    it."""
     trainer = importlib.import_module("annotated.trainer")
-    cfg = build_config("copy", ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2",
-                          "max_steps=2"])
+    cfg = build_config(
+        "copy", ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "max_steps=2"]
+    )
     trainer.train(cfg, tmp_path, progress=False)
     with pytest.raises(trainer.TrainingError, match="already holds checkpoints") as failed:
         trainer.train(cfg, tmp_path, progress=False)
     cfg.max_steps = 3
-    assert failed.value is not None and trainer.train(cfg, tmp_path, resume=True, progress=False)["steps"] == 3
+    assert (
+        failed.value is not None
+        and trainer.train(cfg, tmp_path, resume=True, progress=False)["steps"] == 3
+    )
 
 
 def test_resume_with_another_tokenizer_is_refused(tmp_path):
@@ -259,10 +498,21 @@ def test_resume_with_another_tokenizer_is_refused(tmp_path):
     run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
     newest = sorted((out / "checkpoints").glob("*.pt"))[-1]
     state = torch.load(newest, weights_only=True)
-    assert state["tokenizer"] == "ids-13"                  # the copy task's ids, 13 symbols
-    state["tokenizer"] = "0123456789abcdef"                # as if its tokenizer had been replaced
+    assert state["tokenizer"] == "ids-13"  # the copy task's ids, 13 symbols
+    state["tokenizer"] = "0123456789abcdef"  # as if its tokenizer had been replaced
     torch.save(state, newest)
-    msg = error_of(run_trainer("--config", "copy", *TINY, "--set", "max_steps=4", "--resume", "--out", str(out),
-                               check=False))
+    msg = error_of(
+        run_trainer(
+            "--config",
+            "copy",
+            *TINY,
+            "--set",
+            "max_steps=4",
+            "--resume",
+            "--out",
+            str(out),
+            check=False,
+        )
+    )
     assert "trained with tokenizer 0123456789abcdef" in msg and "ids-13" in msg
-    assert len(list((out / "checkpoints").glob("*.pt"))) == 1      # nothing was trained on
+    assert len(list((out / "checkpoints").glob("*.pt"))) == 1  # nothing was trained on

@@ -1,5 +1,5 @@
-"""Paper section 5: batches, label smoothing, the schedule, token batching, accumulation, greedy decoding."""
-import math
+"""Paper section 5: batches, label smoothing, the schedule, token batching, accumulation, greedy
+decoding."""
 
 import pytest
 import torch
@@ -22,9 +22,9 @@ def test_batch_shifts_and_masks():
     assert b.src_mask.tolist() == [[[True, True, True, False]]]
     assert b.ntokens == 3
     expected = torch.tril(torch.ones(4, 4, dtype=torch.bool))
-    assert torch.equal(b.tgt_mask[0], expected)            # no padding in the decoder input here
+    assert torch.equal(b.tgt_mask[0], expected)  # no padding in the decoder input here
     b2 = Batch(src, torch.tensor([[BOS, 7, EOS, PAD, PAD]]), PAD)
-    assert not b2.tgt_mask[0, :, 3].any()                    # the padded input position is hidden
+    assert not b2.tgt_mask[0, :, 3].any()  # the padded input position is hidden
 
 
 def test_label_smoothing_distribution_matches_paper():
@@ -41,8 +41,8 @@ def test_label_smoothing_distribution_matches_paper():
 
 
 def test_label_smoothing_loss_agrees_with_cross_entropy():
-    """KL(q||p) = CE(q, p) - H(q); torch's cross_entropy with label_smoothing uses a different spread,
-    so compare with an independent soft-target cross-entropy."""
+    """KL(q||p) = CE(q, p) - H(q); torch's cross_entropy with label_smoothing uses a different
+    spread, so compare with an independent soft-target cross-entropy."""
     V, eps = 11, 0.1
     logits = torch.randn(20, V, dtype=torch.float64)
     target = torch.randint(0, V, (20,))
@@ -55,12 +55,21 @@ def test_label_smoothing_loss_agrees_with_cross_entropy():
     torch.testing.assert_close(loss, ce - entropy)
     # with no smoothing it is exactly the cross-entropy over non-padding positions
     plain = LabelSmoothing(V, 0, 0.0)(logits.log_softmax(-1), target)
-    torch.testing.assert_close(plain, F.cross_entropy(logits, target, ignore_index=0, reduction="sum"))
+    torch.testing.assert_close(
+        plain, F.cross_entropy(logits, target, ignore_index=0, reduction="sum")
+    )
 
 
-@pytest.mark.parametrize("step,expected", [
-    (1, 512 ** -0.5 * 4000 ** -1.5), (100, 512 ** -0.5 * 100 * 4000 ** -1.5),
-    (4000, (512 * 4000) ** -0.5), (10000, 512 ** -0.5 * 10000 ** -0.5), (100000, 512 ** -0.5 * 100000 ** -0.5)])
+@pytest.mark.parametrize(
+    "step,expected",
+    [
+        (1, 512**-0.5 * 4000**-1.5),
+        (100, 512**-0.5 * 100 * 4000**-1.5),
+        (4000, (512 * 4000) ** -0.5),
+        (10000, 512**-0.5 * 10000**-0.5),
+        (100000, 512**-0.5 * 100000**-0.5),
+    ],
+)
 def test_rate_values(step, expected):
     assert rate(step, 512, 1.0, 4000) == pytest.approx(expected, rel=1e-12)
 
@@ -68,7 +77,9 @@ def test_rate_values(step, expected):
 def test_rate_peak_and_factor():
     assert rate(4000, 512) == pytest.approx(6.9877e-4, abs=1e-8)
     assert rate(0, 512) == rate(1, 512)
-    assert rate(3000, 1024, factor=2.0, warmup=8000) == pytest.approx(2 * rate(3000, 1024, warmup=8000))
+    assert rate(3000, 1024, factor=2.0, warmup=8000) == pytest.approx(
+        2 * rate(3000, 1024, warmup=8000)
+    )
     assert max(rate(s, 512) for s in range(1, 20000)) == rate(4000, 512)
 
 
@@ -78,7 +89,8 @@ def test_scheduler_follows_rate_per_optimizer_step():
     assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
     for step in range(1, 6):
         assert opt.param_groups[0]["lr"] == pytest.approx(rate(step, 512))
-        opt.step(); sched.step()
+        opt.step()
+        sched.step()
 
 
 def test_token_sampler_budget_coverage_and_determinism():
@@ -121,9 +133,11 @@ def test_greedy_decode_shapes_and_end_symbol():
     src = torch.randint(3, 9, (3, 5))
     out = greedy_decode(model, src, (src != PAD)[:, None], max_len=7, start_symbol=BOS)
     assert out.shape == (3, 7) and (out[:, 0] == BOS).all()
-    with torch.no_grad():   # the first generated token is the argmax of the first decoder step
+    with torch.no_grad():  # the first generated token is the argmax of the first decoder step
         memory = model.encode(src, (src != PAD)[:, None])
-        first = model.generator(model.decode(memory, (src != PAD)[:, None], out[:, :1], None)[:, -1]).argmax(-1)
+        first = model.generator(
+            model.decode(memory, (src != PAD)[:, None], out[:, :1], None)[:, -1]
+        ).argmax(-1)
     assert torch.equal(out[:, 1], first)
     stopped = greedy_decode(model, src, (src != PAD)[:, None], 7, BOS, end_symbol=int(first[0]))
     row = stopped[0].tolist()
@@ -132,22 +146,27 @@ def test_greedy_decode_shapes_and_end_symbol():
 
 def test_copy_task_learns_to_copy():
     """The copy task reaches exact copies of held-out sequences (about 40 s on 2 CPU cores)."""
+    import tempfile
+
     from annotated.registry import build_config
     from annotated.trainer import train
-    import tempfile
+
     cfg = build_config("copy")
     with tempfile.TemporaryDirectory() as tmp:
         summary = train(cfg, tmp, progress=False)
         state = torch.load(summary["last_checkpoint"], weights_only=True)
     from dataclasses import asdict
+
     model = make_model(cfg.vocab, cfg.vocab, **asdict(cfg.model))
     model.load_state_dict(state["model"])
     model.eval()
     test = copy_batch(cfg.vocab, 200, generator=torch.Generator().manual_seed(4242))
     out = greedy_decode(model, test.src, test.src_mask, test.src.size(1) + 2, BOS, end_symbol=EOS)
-    got = out[:, 1:test.tgt_y.size(1) + 1]
+    got = out[:, 1 : test.tgt_y.size(1) + 1]
     exact = ((got == test.tgt_y) | (test.tgt_y == PAD)).all(1).float().mean().item()
-    assert exact >= 0.9, f"only {exact:.1%} exact copies"   # typically 97-100%, whatever the CPU and threads
+    assert exact >= 0.9, (
+        f"only {exact:.1%} exact copies"
+    )  # typically 97-100%, whatever the CPU and threads
 
 
 def test_token_sampler_fills_each_batch_by_the_longer_side():
@@ -157,5 +176,5 @@ def test_token_sampler_fills_each_batch_by_the_longer_side():
     batches = TokenBatchSampler(lengths, max_tokens=200, shuffle=False).batches()
     for batch, following in zip(batches, batches[1:]):
         longest = max(max(lengths[i]) for i in batch + following[:1])
-        assert (len(batch) + 1) * longest > 200, batch     # the next example would not have fitted
+        assert (len(batch) + 1) * longest > 200, batch  # the next example would not have fitted
         assert len(batch) * max(max(lengths[i]) for i in batch) <= 200

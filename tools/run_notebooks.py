@@ -7,6 +7,7 @@ Runs with ANNOTATED_BOOK=1, as the book build does, so that charts are stored in
 the book renders offline. Each notebook is written to a temporary file and renamed, so an
 interrupted run never leaves a half-written notebook behind.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,10 +25,14 @@ def run(path: Path, timeout: int = 1200) -> float:
     nb = nbformat.read(path, as_version=4)
     os.environ["ANNOTATED_BOOK"] = "1"
     start = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
     elapsed = time.perf_counter() - start
-    for cell in nb.cells:   # keep diffs quiet: no per-run metadata
+    for cell in nb.cells:  # keep diffs quiet: no per-run metadata
         cell.metadata.pop("execution", None)
     tmp = path.with_suffix(".ipynb.tmp")
     nbformat.write(nb, tmp)

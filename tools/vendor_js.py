@@ -8,6 +8,7 @@ sha256 sums. The built book serves them from its own `_static/` folder, so it re
 The folder is deliberately not called `_static`: jupyter-book would add every .js file in a
 `_static` folder to every page, and MathJax would load twice.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,10 +31,16 @@ MATHJAX_DIR = "mathjax/es5"  # tex-mml-chtml.js plus the components and fonts it
 
 def main() -> int:
     if shutil.which("npm") is None:
-        print("vendor_js: npm is not installed; install Node.js (it provides npm) and run again.", file=sys.stderr)
+        print(
+            "vendor_js: npm is not installed; install Node.js (it provides npm) and run again.",
+            file=sys.stderr,
+        )
         return 1
-    subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error"],
-                   cwd=BOOK, check=True)
+    subprocess.run(
+        ["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error"],
+        cwd=BOOK,
+        check=True,
+    )
     modules = BOOK / "node_modules"
     tmp = BOOK / "vendor.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -43,13 +50,19 @@ def main() -> int:
     shutil.copytree(modules / MATHJAX_DIR, tmp / "mathjax")
     manifest = {"versions": {}, "sha256": {}}
     for pkg in ["mathjax", "vega", "vega-lite", "vega-embed"]:
-        manifest["versions"][pkg] = json.loads((modules / pkg / "package.json").read_text())["version"]
+        manifest["versions"][pkg] = json.loads((modules / pkg / "package.json").read_text())[
+            "version"
+        ]
     for dest in [*FILES, "mathjax/tex-mml-chtml.js"]:
         manifest["sha256"][dest] = hashlib.sha256((tmp / dest).read_bytes()).hexdigest()
     (tmp / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(VENDOR, ignore_errors=True)
-    tmp.rename(VENDOR)   # all or nothing: a half-copied vendor folder is never left in place
-    print(f"vendored {', '.join(f'{k} {v}' for k, v in manifest['versions'].items())} into {VENDOR.relative_to(ROOT)}")
+    tmp.rename(VENDOR)  # all or nothing: a half-copied vendor folder is never left in place
+    print(
+        "vendored "
+        + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items())
+        + f" into {VENDOR.relative_to(ROOT)}"
+    )
     return 0
 
 

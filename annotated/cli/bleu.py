@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     lowercased variant."""
     parser = argparse.ArgumentParser(
         prog="python -m annotated.cli.bleu",
-        description="Corpus BLEU of a translation file against a reference file (one sentence per line): "
+        description="Corpus BLEU of a translation file against a reference file "
+        "(one sentence per line): "
         "sacreBLEU with its signature, the paper's tokenized BLEU (comparable to Table 2 only), "
         "and tokenized lowercased BLEU (multi-bleu.perl -lc, used for Multi30k).",
     )
@@ -43,14 +44,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.ref} is empty; BLEU needs at least one reference sentence.")
     if len(hyps) != len(refs):
         parser.error(
-            f"the files must be parallel, one translation per reference line, but their line counts "
+            "the files must be parallel, one translation per reference line, "
+            "but their line counts "
             f"differ: {len(hyps)} in {args.hyp}, {len(refs)} in {args.ref}."
         )
     score, signature = sacrebleu_score(hyps, refs)
     print(f"sacreBLEU      {score:.2f}  {signature}")
     score, description = tokenized_bleu(hyps, refs, args.lang)
     print(
-        f"tokenized BLEU {score:.2f}  {description}  (comparable to paper Table 2, not to sacreBLEU)"
+        f"tokenized BLEU {score:.2f}  {description}  "
+        "(comparable to paper Table 2, not to sacreBLEU)"
     )
     score, description = lowercase_tokenized_bleu(hyps, refs, args.lang)
     print(f"lowercased     {score:.2f}  {description}  (published Multi30k results' convention)")

@@ -49,7 +49,7 @@ MIRROR_ENV = "ANNOTATED_DATA_MIRROR"  # optional base URL of a mirror laid out l
 
 
 def cache_dir() -> Path:
-    """Where downloads go when ANNOTATED_DATA is not set: $XDG_CACHE_HOME/annotated or ~/.cache/annotated."""
+    """Downloads' folder without ANNOTATED_DATA: $XDG_CACHE_HOME/annotated or ~/.cache/annotated."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "annotated"
 
@@ -69,7 +69,7 @@ def sha256_of(path: str | Path) -> str:
 
 
 def verify_sha256(path: str | Path, expected: str) -> None:
-    """Raise ChecksumError (showing expected and actual digests) unless `path` has SHA-256 `expected`."""
+    """Raise ChecksumError (expected and actual digests) unless `path` has SHA-256 `expected`."""
     actual = sha256_of(path)
     if actual != expected:
         raise ChecksumError(f"SHA-256 mismatch for {path}: expected {expected}, got {actual}.")
@@ -155,7 +155,8 @@ def fetch(
         origin = (
             f"was downloaded from {url}"
             if received >= entry.size
-            else f"was completed from {url} ({received:,} bytes now, the rest from an earlier attempt)"
+            else f"was completed from {url} "
+            f"({received:,} bytes now, the rest from an earlier attempt)"
             if received
             else f"{part.name} was left complete by an earlier attempt; nothing was downloaded now"
         )
@@ -169,7 +170,7 @@ def fetch(
 
 # %% ../../notebooks/08_multi30k_data.ipynb #c011
 def read_lines(path: str | Path) -> list[str]:
-    """The lines of a UTF-8 text file (gzipped if it ends in .gz), each stripped of surrounding whitespace."""
+    """The lines of a UTF-8 text file (gzipped if it ends in .gz), each stripped."""
     path = Path(path)
     try:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
@@ -201,7 +202,7 @@ def decode_lines(stream, name: str) -> list[str]:
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
-    """(source, target) sentence pairs from two line-aligned files; pairs with an empty side are dropped."""
+    """(source, target) pairs from two line-aligned files; pairs with an empty side are dropped."""
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
         raise ValueError(

@@ -92,7 +92,6 @@ MULTI30K_FILES: dict[str, RemoteFile] = {
     ]
 }
 
-
 # %% ../../notebooks/08_multi30k_data.ipynb #c011a
 MULTI30K_SPLITS = (
     "train",

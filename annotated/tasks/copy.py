@@ -19,7 +19,7 @@ def copy_batch(
     max_len: int = 10,
     generator: torch.Generator | None = None,
 ) -> Batch:
-    """Random copy-task batch: source = symbols + </s>, target = <s> + symbols + </s>, padded with PAD."""
+    """Random copy-task batch: source symbols + </s>, target <s> + symbols + </s>, PAD-padded."""
     lengths = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator)
     symbols = torch.randint(3, vocab, (batch_size, max_len), generator=generator)
     src = torch.full((batch_size, max_len + 1), PAD)

@@ -92,8 +92,9 @@ def multi30k_config() -> TrainConfig:
 
 
 def multi30k_cpu_config() -> TrainConfig:
-    """The CPU profile: a few minutes on 2 cores. Deviates from the paper in size and in using pre-norm
-    (norm_first=True): post-norm needs a long warm-up, which a 600-step run cannot afford (chapter 9b)."""
+    """The CPU profile: a few minutes on 2 cores. Deviates from the paper in size and in using
+    pre-norm (norm_first=True): post-norm needs a long warm-up, which a 600-step run cannot
+    afford (chapter 9b)."""
     return replace(
         multi30k_config(),
         model=ModelConfig(
