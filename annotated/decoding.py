@@ -2,12 +2,11 @@
 
 # %% auto #0
 __all__ = [
+    "StepDecoder",
     "greedy_decode",
     "length_penalty",
     "Hypothesis",
     "beam_search_core",
-    "RecomputingDecoder",
-    "CachingDecoder",
     "beam_search_hypotheses",
     "beam_search",
     "sequence_log_prob",
@@ -18,23 +17,72 @@ __all__ = [
 import torch
 
 from .attention import subsequent_mask
+from .multihead import KVCache
 
 
 # %% ../notebooks/06_training.ipynb #c030
+class StepDecoder:
+    """Next-token log-probabilities, one decoding step at a time, for rows that share `memory`.
+
+    use_cache=True runs only the newest position through the decoder layers, which keep the
+    keys and values of earlier positions (KVCache, chapter 7); use_cache=False runs the decoder
+    on the whole prefix at every step. Same function. memory: (rows, n_src, d_model),
+    src_mask: (rows, 1, n_src).
+    """
+
+    def __init__(self, model, memory, src_mask, *, use_cache: bool = True):
+        self.model, self.memory, self.src_mask = model, memory, src_mask
+        n_layers = len(model.decoder.layers)
+        self.cache = [(KVCache(grow=True), KVCache(grow=False)) for _ in range(n_layers)]
+        self.cache = self.cache if use_cache else None
+        self.t = 0  # tokens seen so far
+
+    def step(self, ys: torch.Tensor) -> torch.Tensor:
+        """ys: (rows, t + 1) tokens so far, the last one new -> (rows, vocab) log-probabilities."""
+        if self.cache is None:
+            mask = subsequent_mask(ys.size(1)).to(ys.device)  # (1, t + 1, t + 1)
+            out = self.model.decode(self.memory, self.src_mask, ys, mask)  # (rows, t + 1, d_model)
+        elif ys.size(1) != self.t + 1:
+            raise ValueError(
+                f"StepDecoder.step: the cache holds {self.t} positions, so ys must have "
+                f"{self.t + 1} tokens, got {ys.size(1)}. Use a new StepDecoder for each search "
+                f"and call step once per generated token."
+            )
+        else:
+            embed, position = self.model.tgt_embed
+            x = position(embed(ys[:, -1:]), start=self.t)  # (rows, 1, d_model) at position t
+            # no mask: the newest position may attend to every earlier one
+            out = self.model.decoder(x, self.memory, self.src_mask, None, cache=self.cache)
+        self.t = ys.size(1)
+        return self.model.generator(out[:, -1])  # (rows, vocab)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row r continues old row rows[r]: the cached keys and values follow their rows."""
+        for self_kv, memory_kv in self.cache or []:
+            self_kv.reorder(rows)
+            memory_kv.reorder(rows)
+
+
 @torch.no_grad()
 def greedy_decode(
-    model, src, src_mask, max_len: int, start_symbol: int, *, end_symbol: int | None = None
+    model,
+    src,
+    src_mask,
+    max_len: int,
+    start_symbol: int,
+    *,
+    end_symbol: int | None = None,
+    use_cache: bool = True,
 ):
     """Most probable token at each step -> (batch, <= max_len) ids starting with `start_symbol`.
 
     With `end_symbol`, stops once every sentence has produced it and fills later positions with it.
     """
-    memory = model.encode(src, src_mask)  # (batch, n_src, d_model)
+    decoder = StepDecoder(model, model.encode(src, src_mask), src_mask, use_cache=use_cache)
     ys = torch.full((src.size(0), 1), start_symbol, dtype=src.dtype, device=src.device)
     done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     for _ in range(max_len - 1):
-        out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)).to(src.device))
-        next_word = model.generator(out[:, -1]).argmax(dim=-1)  # (batch,)
+        next_word = decoder.step(ys).argmax(dim=-1)  # (batch,)
         if end_symbol is not None:
             next_word = next_word.masked_fill(done, end_symbol)
             done |= next_word == end_symbol
@@ -48,9 +96,6 @@ def greedy_decode(
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
-
-from .attention import attention
 
 
 # %% ../notebooks/07_decoding_and_evaluation.ipynb #c008
@@ -154,107 +199,6 @@ def _eval_mode(model):
         model.train(was_training)
 
 
-class RecomputingDecoder:
-    """Next-token log-probabilities from the decoder run on the whole prefix at every step.
-
-    memory: (rows, n_src, d_model) and src_mask: (rows, 1, n_src) hold one row per hypothesis.
-    """
-
-    def __init__(self, model, memory, src_mask):
-        self.model, self.memory, self.src_mask = model, memory, src_mask
-
-    def step(self, ys: torch.Tensor) -> torch.Tensor:
-        """ys: (rows, t) tokens so far -> (rows, vocab) log-probabilities of the next token."""
-        tgt_mask = subsequent_mask(ys.size(1)).to(ys.device)  # (1, t, t)
-        out = self.model.decode(
-            self.memory, self.src_mask, ys, tgt_mask
-        )  # (rows, t, d_model): t positions
-        return self.model.generator(out[:, -1])  # (rows, vocab)
-
-    def reorder(self, rows: torch.Tensor):
-        """Nothing to do: this decoder's only state is the tokens, which the search reorders."""
-
-
-# %% ../notebooks/07_decoding_and_evaluation.ipynb #c019
-def _merge_heads(attn, x):
-    """(rows, h, n, d_k) -> Concat(heads) W^O: (rows, n, d_model)."""
-    rows, _, n, _ = x.shape
-    return attn.w_o(x.transpose(1, 2).reshape(rows, n, attn.h * attn.d_k))
-
-
-def _residual(connection, x, sublayer):
-    """SublayerConnection.forward: LayerNorm(x + f(x)) (post-norm) or x + f(LayerNorm(x))."""
-    if connection.norm_first:
-        return x + connection.dropout(sublayer(connection.norm(x)))
-    return connection.norm(x + connection.dropout(sublayer(x)))
-
-
-class CachingDecoder:
-    """Next-token log-probabilities computing only the newest position (incremental decoding).
-
-    Per decoder layer it keeps the self-attention keys and values of all earlier target positions,
-    and the encoder-decoder keys and values of the memory, computed once.
-    memory: (rows, n_src, d_model) and src_mask: (rows, 1, n_src) hold one row per hypothesis.
-    """
-
-    def __init__(self, model, memory, src_mask):
-        self.model = model
-        self.src_mask = src_mask.unsqueeze(1)  # (rows, 1, 1, n_src) for every head
-        self.memory_kv = []
-        for layer in model.decoder.layers:  # once per layer, not once per step
-            a = layer.src_attn
-            self.memory_kv.append(
-                (
-                    a.split_heads(a.w_k(memory)),  # (rows, h, n_src, d_k)
-                    a.split_heads(a.w_v(memory)),
-                )
-            )  # (rows, h, n_src, d_k)
-        self.past_kv = [None] * len(model.decoder.layers)  # per layer 2 x (rows, h, t, d_k)
-        self.t = 0  # positions cached so far
-
-    def _self_attention(self, i, attn, x):  # x: (rows, 1, d_model)
-        q = attn.split_heads(attn.w_q(x))  # (rows, h, 1, d_k)
-        k = attn.split_heads(attn.w_k(x))  # (rows, h, 1, d_k)
-        v = attn.split_heads(attn.w_v(x))  # (rows, h, 1, d_k)
-        if self.past_kv[i] is not None:
-            past_k, past_v = self.past_kv[i]
-            k = torch.cat([past_k, k], dim=2)  # (rows, h, t + 1, d_k)
-            v = torch.cat([past_v, v], dim=2)  # (rows, h, t + 1, d_k)
-        self.past_kv[i] = (k, v)
-        out, _ = attention(q, k, v)  # no mask needed: the newest position may see all earlier ones
-        return _merge_heads(attn, out)  # (rows, 1, d_model)
-
-    def _source_attention(self, i, attn, x):  # x: (rows, 1, d_model)
-        q = attn.split_heads(attn.w_q(x))  # (rows, h, 1, d_k)
-        k, v = self.memory_kv[i]  # (rows, h, n_src, d_k)
-        out, _ = attention(q, k, v, mask=self.src_mask)  # (rows, h, 1, d_k)
-        return _merge_heads(attn, out)  # (rows, 1, d_model)
-
-    def step(self, ys: torch.Tensor) -> torch.Tensor:
-        """ys: (rows, t + 1) tokens so far, the last one new -> (rows, vocab) log-probs."""
-        if ys.size(1) != self.t + 1:
-            raise ValueError(
-                f"CachingDecoder.step: the cache holds {self.t} positions, so ys must have "
-                f"{self.t + 1} tokens, got {ys.size(1)}. Use a new CachingDecoder for each search "
-                f"and call step once per generated token."
-            )
-        embed, position = self.model.tgt_embed  # Embeddings, positional encoding
-        x = position(embed(ys[:, -1:]), start=self.t)  # (rows, 1, d_model) at position t
-        for i, layer in enumerate(self.model.decoder.layers):
-            x = _residual(layer.sublayer[0], x, partial(self._self_attention, i, layer.self_attn))
-            x = _residual(layer.sublayer[1], x, partial(self._source_attention, i, layer.src_attn))
-            x = _residual(layer.sublayer[2], x, layer.feed_forward)  # (rows, 1, d_model)
-        self.t += 1
-        return self.model.generator(self.model.decoder.norm(x)[:, -1])  # (rows, vocab)
-
-    def reorder(self, rows: torch.Tensor):
-        """New row r continues old row rows[r]: reorder the cached keys and values of the past.
-
-        The memory's keys and values stay: beams move within a sentence, which shares one memory.
-        """
-        self.past_kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.past_kv]
-
-
 # %% ../notebooks/07_decoding_and_evaluation.ipynb #c023
 @torch.no_grad()
 def beam_search_hypotheses(
@@ -290,7 +234,7 @@ def beam_search_hypotheses(
     with _eval_mode(model):
         memory = model.encode(src, src_mask).repeat_interleave(K, dim=0)  # (B*K, n_src, d_model)
         mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, n_src)
-        decoder = (CachingDecoder if use_cache else RecomputingDecoder)(model, memory, mask)
+        decoder = StepDecoder(model, memory, mask, use_cache=use_cache)
         return beam_search_core(
             decoder, B, limits, start_symbol, end_symbol, K, alpha, on_step=on_step
         )
@@ -348,9 +292,7 @@ def sequence_log_prob(
     finished = [True] * B if finished is None else finished
     seqs = [list(y) + ([end_symbol] if f else []) for y, f in zip(outputs, finished)]
     n = max(1, max(len(s) for s in seqs))
-    y = torch.full(
-        (B, n), end_symbol, dtype=torch.long, device=src.device
-    )  # filler past each length
+    y = torch.full((B, n), end_symbol, dtype=torch.long, device=src.device)  # filler past ends
     for i, s in enumerate(seqs):
         y[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     ys = torch.cat(

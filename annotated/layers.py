@@ -90,12 +90,11 @@ class DecoderLayer(nn.Module):
         self.sublayer = clones(SublayerConnection(size, dropout, norm_first=norm_first), 3)
         self.size, self.norm_first = size, norm_first
 
-    def forward(self, x, memory, src_mask, tgt_mask):  # x: (batch, n_tgt, d_model)
-        m = memory  # (batch, n_src, d_model)
-        x = self.sublayer[0](
-            x, lambda x: self.self_attn(x, x, x, tgt_mask)
-        )  # tgt_mask: (batch, n_tgt, n_tgt)
-        x = self.sublayer[1](
-            x, lambda x: self.src_attn(x, m, m, src_mask)
-        )  # src_mask: (batch, 1, n_src)
+    def forward(self, x, memory, src_mask, tgt_mask, cache=None):
+        """x: (batch, n_tgt, d_model), memory: (batch, n_src, d_model); tgt_mask (batch, n_tgt,
+        n_tgt), src_mask (batch, 1, n_src); cache: (self-attention's, memory's) KVCache or None."""
+        self_cache, memory_cache = cache or (None, None)
+        m = memory
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask, cache=self_cache))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask, cache=memory_cache))
         return self.sublayer[2](x, self.feed_forward)

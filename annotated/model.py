@@ -57,9 +57,10 @@ class Decoder(nn.Module):
             nn.LayerNorm(layer.size, eps=LAYER_NORM_EPS) if layer.norm_first else nn.Identity()
         )
 
-    def forward(self, x, memory, src_mask, tgt_mask):  # x: (batch, n_tgt, d_model)
-        for layer in self.layers:
-            x = layer(x, memory, src_mask, tgt_mask)
+    def forward(self, x, memory, src_mask, tgt_mask, cache=None):  # x: (batch, n_tgt, d_model)
+        """cache: one (self-attention, memory) pair of KVCache per layer, or None (chapter 7)."""
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, src_mask, tgt_mask, None if cache is None else cache[i])
         return self.norm(x)  # (batch, n_tgt, d_model)
 
 

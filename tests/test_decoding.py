@@ -18,6 +18,7 @@ from annotated import (
     tokenized_bleu,
 )
 from annotated.bleu import PaperTokenizer, split_compounds
+from annotated.fast import make_fast
 from annotated.decoding import (
     beam_search,
     beam_search_hypotheses,
@@ -169,11 +170,16 @@ def test_length_penalty_ranks_candidates_during_the_search(alpha):
         assert best.tokens + [EOS] * best.finished == list(expected), seed
 
 
-@pytest.mark.parametrize("config", [dict(), dict(norm_first=True), dict(learned_positions=True)])
+@pytest.mark.parametrize(
+    "config", [dict(), dict(norm_first=True), dict(learned_positions=True), dict(fast=True)]
+)
 def test_cache_gives_the_same_hypotheses(config):
+    config = dict(config)
+    fast = config.pop("fast", False)
     for seed in range(2):
         torch.manual_seed(seed)
         model = make_model(15, 15, N=2, d_model=32, d_ff=64, h=4, **config).double().eval()
+        model = make_fast(model) if fast else model
         src, mask = random_batch(15, batch=4, n=6, seed=seed)
         for beam_size, max_len in [(1, 12), (3, 12), (5, None)]:
             fast = beam_search_hypotheses(
@@ -185,6 +191,38 @@ def test_cache_gives_the_same_hypotheses(config):
             assert [[h.tokens for h in b] for b in fast] == [[h.tokens for h in b] for b in slow]
             for fb, sb in zip(fast, slow):
                 assert [h.score for h in fb] == pytest.approx([h.score for h in sb], rel=1e-10)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_greedy_decoding_with_and_without_the_cache_agree(norm_first):
+    torch.manual_seed(3)
+    model = make_model(12, 12, N=2, d_model=32, d_ff=64, h=4, norm_first=norm_first).eval()
+    src, mask = random_batch(12, batch=6, seed=3)
+    cached = greedy_decode(model, src, mask, 15, BOS, end_symbol=EOS, use_cache=True)
+    recomputed = greedy_decode(model, src, mask, 15, BOS, end_symbol=EOS, use_cache=False)
+    assert torch.equal(cached, recomputed)
+
+
+def test_beam_search_runs_the_fast_layers(monkeypatch):
+    """On a model switched to the fast path, the search calls the fused attention kernel (the
+    decoder layers are the model's own, not a copy) and finds what the reference path finds."""
+    torch.manual_seed(0)
+    reference = make_model(15, 15, N=2, d_model=32, d_ff=64, h=4).double().eval()
+    fast = make_fast(make_model(15, 15, N=2, d_model=32, d_ff=64, h=4).double().eval())
+    fast.load_state_dict(reference.state_dict())
+    src, mask = random_batch(15, batch=4, n=6)
+    expected = beam_search(reference, src, mask, None, BOS, EOS, 4, 0.6)
+    fused = torch.nn.functional.scaled_dot_product_attention
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
+    assert beam_search(fast, src, mask, None, BOS, EOS, 4, 0.6) == expected
+    one_query = [shape for shape in calls if shape[2] == 1]  # (rows, h, 1, d_k): one new position
+    assert len(one_query) > 0 and all(shape[0] == 4 * 4 for shape in one_query)
 
 
 def test_length_limits():
