@@ -37,12 +37,13 @@ class FastDropout(nn.Dropout):
 
 # %% ../notebooks/06b_fast_path.ipynb #c017
 def make_fast(model: nn.Module) -> nn.Module:
-    """Switch a built model to the fast path in place and return it: fused attention and projections
-    in every MultiHeadedAttention, FastDropout for every nn.Dropout. Parameters are unchanged."""
+    """Switch a built model to the fast path in place and return it: fused attention and
+    projections in every MultiHeadedAttention, FastDropout for every nn.Dropout. Parameters and
+    the train/eval mode are unchanged."""
     for module in list(model.modules()):
         if isinstance(module, MultiHeadedAttention):
             module.fast = True
         for name, child in module.named_children():
             if type(child) is nn.Dropout:
-                setattr(module, name, FastDropout(child.p))
+                setattr(module, name, FastDropout(child.p).train(child.training))
     return model

@@ -49,6 +49,13 @@ class LabelSmoothing(nn.Module):
         self.true_dist = self.target_distribution(target, x.dtype)
         return self.criterion(x, self.true_dist)
 
+    def from_decoder(self, out: torch.Tensor, target: torch.Tensor, generator) -> torch.Tensor:
+        """The same loss from the decoder's output: out (batch, n, d_model), target (batch, n)
+        ids, generator the model's Generator. Training calls this; chapter 6b fuses it."""
+        log_probs = generator(out)  # (batch, n, vocab)
+        log_probs = log_probs.to(torch.promote_types(log_probs.dtype, torch.float32))  # bf16 -> f32
+        return self(log_probs.reshape(-1, log_probs.size(-1)), target.reshape(-1))
+
 
 # %% ../notebooks/06b_fast_path.ipynb #c002a
 import math
@@ -65,9 +72,7 @@ class SmoothedKL(torch.autograd.Function):
     """Summed KL(q || softmax(z)) over rows of logits z, q as in LabelSmoothing; backward p - q."""
 
     @staticmethod
-    @torch.amp.custom_fwd(
-        device_type="cuda", cast_inputs=torch.float32
-    )  # float32 even under bf16 autocast
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)  # float32 under bf16
     def forward(ctx, logits, target, smoothing: float, pad: int):
         rows, size = logits.shape  # (tokens, vocab): no padding rows
         eps, confidence = smoothing / (size - 2), 1.0 - smoothing
@@ -86,26 +91,23 @@ class SmoothedKL(torch.autograd.Function):
         g = log_p.exp_()  # p, in place: log p is not needed again
         g.sub_(ctx.eps)  # p - e' ...
         g[:, ctx.pad] += ctx.eps  # ... but q_pad = 0
-        g.scatter_add_(
-            1, target[:, None], g.new_full((g.size(0), 1), ctx.eps - ctx.confidence)
-        )  # q_y = 1 - e
+        correction = g.new_full((g.size(0), 1), ctx.eps - ctx.confidence)
+        g.scatter_add_(1, target[:, None], correction)  # q_y = 1 - e
         return g.mul_(grad), None, None, None
 
 
 class FusedLabelSmoothing(LabelSmoothing):
-    """LabelSmoothing's loss computed from the decoder output: padding rows never reach the output
-    projection, and log-softmax, KL and its gradient are one autograd step (see SmoothedKL)."""
+    """LabelSmoothing whose loss from the decoder output is fused: padding rows never reach the
+    output projection, and log-softmax, KL and its gradient are one autograd step (SmoothedKL)."""
 
-    fused = True  # loss_on_batch passes (decoder output, target ids, generator)
-
-    def forward(self, hidden: torch.Tensor, target: torch.Tensor, generator) -> torch.Tensor:
-        """hidden: (batch, n, d_model); target: (batch, n) ids; generator: the model's Generator."""
+    def from_decoder(self, out: torch.Tensor, target: torch.Tensor, generator) -> torch.Tensor:
+        """out: (batch, n, d_model); target: (batch, n) ids; generator: the model's Generator."""
         if generator.proj.out_features != self.size:
             raise ValueError(
                 f"FusedLabelSmoothing: the generator gives {generator.proj.out_features} logits, "
                 f"the loss expects a vocabulary of {self.size}"
             )
         keep = target != self.padding_idx  # (batch, n)
-        logits = generator.proj(hidden[keep])  # (tokens, vocab), real targets only
+        logits = generator.proj(out[keep])  # (tokens, vocab), real targets only
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32
         return SmoothedKL.apply(logits, target[keep], self.smoothing, self.padding_idx)

@@ -14,22 +14,11 @@ from .batching import Batch
 
 # %% ../notebooks/06_training.ipynb #c026
 def loss_on_batch(model, batch: Batch, criterion, *, autocast=None):
-    """Summed label-smoothed loss of one batch (model may be DDP-wrapped).
-
-    A criterion marked `fused` (chapter 6b) takes the decoder output and the generator, and
-    computes projection, log-softmax and loss together; the reference criterion takes
-    log-probabilities.
-    """
-    core = model.module if hasattr(model, "module") else model
+    """Summed label-smoothed loss of one batch (model may be DDP-wrapped)."""
+    generator = (model.module if hasattr(model, "module") else model).generator
     with autocast or nullcontext():
         out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (batch, n_tgt, d_model)
-        if getattr(criterion, "fused", False):
-            return criterion(out, batch.tgt_y, core.generator)
-        log_probs = core.generator(out)  # (batch, n_tgt, vocab)
-    log_probs = log_probs.to(
-        torch.promote_types(log_probs.dtype, torch.float32)
-    )  # bf16 -> float32, float64 stays
-    return criterion(log_probs.reshape(-1, log_probs.size(-1)), batch.tgt_y.reshape(-1))
+        return criterion.from_decoder(out, batch.tgt_y, generator)
 
 
 def train_step(

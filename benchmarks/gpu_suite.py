@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from train_step import provenance
-
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+from annotated.provenance import provenance
+
 PARTS = ("tests", "base", "big", "wmt")
 TESTS = [
     "tests/test_cuda.py",

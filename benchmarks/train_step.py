@@ -43,14 +43,11 @@ import argparse
 import copy
 import json
 import math
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -71,6 +68,7 @@ from annotated.loss import (
     LabelSmoothing,
 )
 from annotated.multihead import MultiHeadedAttention
+from annotated.provenance import provenance
 from annotated.schedule import make_optimizer
 from annotated.trainer import loss_on_batch
 
@@ -216,37 +214,6 @@ def matmul_rate(device) -> float:
         reps += 1
         sync()
     return 2 * n**3 * reps / (time.perf_counter() - t)
-
-
-def provenance(command: str, device) -> dict:
-    try:
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-            ).stdout.strip()
-            or "unknown"
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        commit, dirty = "unknown", ""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = (
-            f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-        )
-    return {
-        "command": command,
-        "commit": commit + ("+uncommitted changes" if dirty else ""),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": name,
-        "torch": torch.__version__,
-    }
 
 
 def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fast=False):

@@ -10,9 +10,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import train_step  # noqa: E402
-
 from annotated.batching import PAD, Batch  # noqa: E402
+
+import train_step  # noqa: E402
 
 
 def test_train_step_benchmark_quick(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from annotated import make_model
-from annotated.batching import BOS, EOS, PAD, Batch
+from annotated.batching import BOS, EOS, PAD
 from annotated.decoding import beam_search, greedy_decode
 from annotated.fast import make_fast
 from annotated.loss import FusedLabelSmoothing, LabelSmoothing
@@ -18,17 +18,14 @@ from annotated.registry import build_config
 from annotated.tasks.copy import copy_batch
 from annotated.trainer import loss_on_batch, train
 
+from helpers import padded_batch
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = torch.device("cuda")
 
 
 def cuda_batch(vocab=31, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(3, vocab, (8, 12), generator=g)
-    tgt = torch.randint(3, vocab, (8, 11), generator=g)
-    src[1, 7:] = PAD
-    tgt[2, 5:] = PAD
-    return Batch(src, tgt, PAD).to(CUDA)
+    return padded_batch(vocab, seed).to(CUDA)
 
 
 def noise_only(name: str) -> bool:

@@ -18,13 +18,13 @@ from annotated import (
     tokenized_bleu,
 )
 from annotated.bleu import PaperTokenizer, split_compounds
-from annotated.fast import make_fast
 from annotated.decoding import (
     beam_search,
     beam_search_hypotheses,
     length_penalty,
     sequence_log_prob,
 )
+from annotated.fast import make_fast
 
 PAD, BOS, EOS = 0, 1, 2
 BIN = Path(sys.executable).parent

@@ -11,25 +11,16 @@ import torch
 from torch import nn
 
 from annotated import make_model
-from annotated.batching import PAD, Batch
+from annotated.batching import PAD
 from annotated.fast import FastDropout, make_fast
 from annotated.loss import FusedLabelSmoothing, LabelSmoothing
 from annotated.multihead import MultiHeadedAttention
 from annotated.registry import build_config
 from annotated.trainer import loss_on_batch, train
 
+from helpers import padded_batch
+
 TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-5)}
-
-
-def padded_batch(vocab=31, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(3, vocab, (4, 9), generator=g)
-    tgt = torch.randint(3, vocab, (4, 8), generator=g)
-    src[1, 5:] = PAD
-    src[3, 2:] = PAD
-    tgt[2, 4:] = PAD
-    tgt[3, 1:] = PAD
-    return Batch(src, tgt, PAD)
 
 
 def loss_and_grads(model, crit, b):
@@ -81,6 +72,21 @@ def test_make_fast_keeps_parameters_and_swaps_every_dropout():
     ref.load_state_dict(fast.state_dict())  # checkpoints move both ways
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_make_fast_keeps_the_train_or_eval_mode(training):
+    """A model switched after .eval() must stay deterministic: no new dropout module in training
+    mode. The outputs of two calls agree, and equal the reference model's in eval mode."""
+    torch.manual_seed(0)
+    ref = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2, dropout=0.3).train(training)
+    fast = make_fast(copy.deepcopy(ref))
+    assert all(m.training == training for m in fast.modules())
+    if not training:
+        b = padded_batch(11)
+        out = fast(b.src, b.tgt, b.src_mask, b.tgt_mask)
+        torch.testing.assert_close(out, fast(b.src, b.tgt, b.src_mask, b.tgt_mask))
+        torch.testing.assert_close(out, ref(b.src, b.tgt, b.src_mask, b.tgt_mask))
+
+
 def test_fast_attention_keeps_no_weights_and_respects_dropout_mode():
     model = make_fast(
         make_model(11, 11, N=1, d_model=16, d_ff=32, h=2, dropout=0.0, attn_dropout=0.5)
@@ -123,17 +129,22 @@ def test_fused_loss_equals_label_smoothing(V, eps):
     gen = make_model(V, V, N=1, d_model=8, d_ff=16, h=2).generator.double()
     slow = LabelSmoothing(V, PAD, eps)(gen(hidden).reshape(-1, V), target.reshape(-1))
     grads_slow = torch.autograd.grad(slow, [hidden, *gen.parameters()])
-    fast = FusedLabelSmoothing(V, PAD, eps)(hidden, target, gen)
+    fast = FusedLabelSmoothing(V, PAD, eps).from_decoder(hidden, target, gen)
     grads_fast = torch.autograd.grad(fast, [hidden, *gen.parameters()])
     torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-10)
     for a, b in zip(grads_fast, grads_slow):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # a drop-in: both losses take both kinds of input with the same arguments
+    same = LabelSmoothing(V, PAD, eps).from_decoder(hidden, target, gen)
+    torch.testing.assert_close(same, slow, rtol=1e-12, atol=1e-12)
+    on_log_probs = FusedLabelSmoothing(V, PAD, eps)(gen(hidden).reshape(-1, V), target.reshape(-1))
+    torch.testing.assert_close(on_log_probs, slow, rtol=1e-12, atol=1e-12)
 
 
 def test_fused_loss_rejects_a_generator_of_another_size():
     gen = make_model(9, 9, N=1, d_model=8, d_ff=16, h=2).generator
     with pytest.raises(ValueError, match="gives 9 logits.*vocabulary of 12"):
-        FusedLabelSmoothing(12, PAD, 0.1)(
+        FusedLabelSmoothing(12, PAD, 0.1).from_decoder(
             torch.randn(2, 3, 8), torch.ones(2, 3, dtype=torch.long), gen
         )
 

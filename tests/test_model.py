@@ -16,6 +16,8 @@ from annotated import (
     subsequent_mask,
 )
 
+from helpers import copy_attention_into
+
 PAD = 0
 
 
@@ -37,22 +39,16 @@ def torch_transformer_from(
     if not norm_first:  # the paper's post-norm stacks have no final LayerNorm
         ref.encoder.norm, ref.decoder.norm = None, None
 
-    def attn(t, o):
-        t.in_proj_weight.copy_(torch.cat([o.w_q.weight, o.w_k.weight, o.w_v.weight]))
-        t.in_proj_bias.copy_(torch.cat([o.w_q.bias, o.w_k.bias, o.w_v.bias]))
-        t.out_proj.weight.copy_(o.w_o.weight)
-        t.out_proj.bias.copy_(o.w_o.bias)
-
     with torch.no_grad():
         for t, o in zip(ref.encoder.layers, model.encoder.layers):
-            attn(t.self_attn, o.self_attn)
+            copy_attention_into(t.self_attn, o.self_attn)
             t.linear1.load_state_dict(o.feed_forward.w_1.state_dict())
             t.linear2.load_state_dict(o.feed_forward.w_2.state_dict())
             t.norm1.load_state_dict(o.sublayer[0].norm.state_dict())
             t.norm2.load_state_dict(o.sublayer[1].norm.state_dict())
         for t, o in zip(ref.decoder.layers, model.decoder.layers):
-            attn(t.self_attn, o.self_attn)
-            attn(t.multihead_attn, o.src_attn)
+            copy_attention_into(t.self_attn, o.self_attn)
+            copy_attention_into(t.multihead_attn, o.src_attn)
             t.linear1.load_state_dict(o.feed_forward.w_1.state_dict())
             t.linear2.load_state_dict(o.feed_forward.w_2.state_dict())
             for i, norm in enumerate([t.norm1, t.norm2, t.norm3]):

@@ -6,16 +6,14 @@ from torch import nn
 
 from annotated import MultiHeadedAttention, attention, subsequent_mask
 
+from helpers import copy_attention_into
+
 
 def copy_into_torch(
     ours: MultiHeadedAttention, d_model: int, h: int, dtype
 ) -> nn.MultiheadAttention:
     ref = nn.MultiheadAttention(d_model, h, dropout=0.0, batch_first=True, dtype=dtype)
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
-        ref.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
-        ref.out_proj.weight.copy_(ours.w_o.weight)
-        ref.out_proj.bias.copy_(ours.w_o.bias)
+    copy_attention_into(ref, ours)
     return ref
 
 

@@ -10,7 +10,6 @@ __all__ = ["evaluate_run", "read_run", "write_results", "main"]
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -21,6 +20,7 @@ import torch
 from ..bleu import lowercase_tokenized_bleu, sacrebleu_score
 from ..checkpoints import checkpoint_paths, read_json, write_text_atomic
 from ..errors import ExpectedError, TrainingError
+from ..provenance import git_commit
 from ..registry import TASKS
 from ..translation import load_model, translate
 
@@ -88,28 +88,6 @@ def evaluate_run(
 
 
 # %% ../../notebooks/09b_multi30k_results.ipynb #c023
-def _commit() -> str:
-    try:
-        here = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        return (
-            out.stdout.strip() + ("+uncommitted changes" if dirty else "")
-            if out.returncode == 0
-            else "unknown"
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def read_run(run_dir) -> tuple[dict, list[dict], str]:
     """(run.json, the metrics records, the metrics text) of a training run, checked. A last metrics
     line cut short by a killed run is dropped; any other unreadable line is an error."""
@@ -152,7 +130,7 @@ def write_results(
         "provenance": {
             "training_command": run.get("command"),
             "evaluation_command": command,
-            "commit": _commit(),
+            "commit": git_commit(),
             "device": run.get("device"),
             "world_size": run.get("world_size"),
             "torch": run.get("torch"),
