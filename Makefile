@@ -37,12 +37,14 @@ test: install lint         ## every test: lint, unit tests, notebooks under nbva
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15
 
 # ruff with pyproject.toml's rules (line length 100, imports, likely bugs) and ruff's formatting, on
-# everything that holds code: the generated package, the notebooks, tools, tests and benchmarks.
+# everything that holds code: the generated package, the notebooks, tools, tests and benchmarks;
+# then mypy on the package with pyproject.toml's settings (strict on the model's modules).
 LINTED := annotated notebooks tools tests benchmarks conftest.py
 
-lint: install              ## ruff check and ruff format --check on all the code, notebooks included
+lint: install              ## ruff on all the code, notebooks included; mypy on the package
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy annotated
 
 # The notebooks once more, under another CPU's kernels (tools/other_cpu.py) and two threads. Chapter
 # 9b is left out: it trains for minutes, and what its run prints is not compared (nbval-ignore-output).

@@ -8,10 +8,17 @@ __all__ = ["attention", "subsequent_mask"]
 import math
 
 import torch
+from torch import Tensor, nn
 
 
 # %% ../notebooks/01_attention.ipynb #c005
-def attention(query, key, value, mask=None, dropout=None):
+def attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    dropout: nn.Module | None = None,
+) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V.
 
     query: (..., n_q, d_k); key: (..., n_k, d_k); value: (..., n_k, d_v).
@@ -33,7 +40,7 @@ def attention(query, key, value, mask=None, dropout=None):
     return p_attn @ value, p_attn  # (..., n_q, d_v), (..., n_q, n_k)
 
 
-def _check_shapes(query, key, value, mask):
+def _check_shapes(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> None:
     """Raise a ValueError that names the mismatched dimensions."""
     if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
         raise ValueError(

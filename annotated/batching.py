@@ -70,7 +70,9 @@ class TokenBatchSampler:
         if self.shuffle:
             rng.shuffle(order)  # random tie-breaking among equal lengths
         order.sort(key=lambda i: self.lengths[i])  # stable sort by (source, target) length
-        batches, current, max_s, max_t = [], [], 0, 0
+        batches: list[list[int]] = []
+        current: list[int] = []
+        max_s = max_t = 0
         for i in order:
             s, t = self.lengths[i]
             ms, mt = max(max_s, s), max(max_t, t)

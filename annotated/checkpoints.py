@@ -12,6 +12,7 @@ __all__ = [
     "lock_out_dir",
     "rng_state",
     "restore_rng_state",
+    "record_run",
     "average_checkpoints",
 ]
 
@@ -165,6 +166,16 @@ def restore_rng_state(state: dict):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def record_run(out: Path, record: dict, step: int):
+    """run.json describes the current segment; earlier ones stay in "history"."""
+    run_file = out / "run.json"
+    history = []
+    if step > 0 and run_file.exists():
+        old = read_json(run_file)
+        history = old.pop("history", []) + [{**old, "until_step": step}]
+    write_text_atomic(run_file, json.dumps({**record, "history": history}, indent=2))
+
+
 # %% ../notebooks/07_decoding_and_evaluation.ipynb #c036
 def _state_dict_of(checkpoint, path) -> dict:
     if isinstance(checkpoint, dict) and isinstance(checkpoint.get("model"), dict):
@@ -207,18 +218,16 @@ def average_checkpoints(paths) -> dict[str, torch.Tensor]:
     paths = list(paths)
     if not paths:
         raise ValueError("average_checkpoints: no checkpoint paths given.")
-    total, first = None, None
-    for path in paths:
+    state = _state_dict_of(_read_checkpoint(paths[0]), paths[0])
+    first = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
+    total = {
+        k: v.to(torch.promote_types(v.dtype, torch.float32)).clone()
+        if v.is_floating_point()
+        else v.clone()
+        for k, v in state.items()
+    }
+    for path in paths[1:]:
         state = _state_dict_of(_read_checkpoint(path), path)
-        if total is None:
-            first = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
-            total = {
-                k: v.to(torch.promote_types(v.dtype, torch.float32)).clone()
-                if v.is_floating_point()
-                else v.clone()
-                for k, v in state.items()
-            }
-            continue
         missing, extra = sorted(set(first) - set(state)), sorted(set(state) - set(first))
         if missing or extra:
             raise ValueError(

@@ -8,6 +8,7 @@ __all__ = ["TrainConfig", "validate_config", "apply_overrides"]
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import ConfigError
 from .model import ModelConfig
@@ -66,7 +67,7 @@ def _convert(text: str, current, key: str):
 
 
 def _keys(cfg, prefix="") -> list[str]:
-    out = []
+    out: list[str] = []
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         out += (
@@ -127,7 +128,7 @@ def apply_overrides(cfg: TrainConfig, overrides=()) -> TrainConfig:
         if not sep:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set warmup=4000")
         *path, leaf = key.strip().split(".")
-        target = cfg
+        target: Any = cfg
         for part in path:
             target = getattr(target, part, None)
         if (

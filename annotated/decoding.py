@@ -33,8 +33,8 @@ class StepDecoder:
     def __init__(self, model, memory, src_mask, *, use_cache: bool = True):
         self.model, self.memory, self.src_mask = model, memory, src_mask
         n_layers = len(model.decoder.layers)
-        self.cache = [(KVCache(grow=True), KVCache(grow=False)) for _ in range(n_layers)]
-        self.cache = self.cache if use_cache else None
+        pairs = [(KVCache(grow=True), KVCache(grow=False)) for _ in range(n_layers)]
+        self.cache = pairs if use_cache else None  # per layer: self-attention's, memory's
         self.t = 0  # tokens seen so far
 
     def step(self, ys: torch.Tensor) -> torch.Tensor:
@@ -166,23 +166,21 @@ def beam_search_core(
         if on_step is not None:
             on_step(ys.view(B, K, -1), log_prob, length, finished)
     score = log_prob / length_penalty(length.to(log_prob.dtype), alpha)  # (B, K)
-    ys = ys.view(B, K, -1)
+    return _final_beams(ys.view(B, K, -1), log_prob, length, score, end_symbol)
+
+
+def _final_beams(ys, log_prob, length, score, end_symbol: int) -> list[list[Hypothesis]]:
+    """Each sentence's live hypotheses, best score first: ys (B, K, t), the others (B, K)."""
     beams = []
-    for b in range(B):
+    for b in range(ys.size(0)):
         beam = []
         for k in score[b].argsort(descending=True, stable=True).tolist():
             if log_prob[b, k] == -math.inf:
                 continue  # a dead hypothesis
             tokens = ys[b, k, 1 : 1 + int(length[b, k])].tolist()
             ended = len(tokens) > 0 and tokens[-1] == end_symbol
-            beam.append(
-                Hypothesis(
-                    tokens[:-1] if ended else tokens,
-                    float(log_prob[b, k]),
-                    float(score[b, k]),
-                    ended,
-                )
-            )
+            kept = tokens[:-1] if ended else tokens
+            beam.append(Hypothesis(kept, float(log_prob[b, k]), float(score[b, k]), ended))
         beams.append(beam)
     return beams
 

@@ -15,7 +15,7 @@ __all__ = [
 import math
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 
 # %% ../notebooks/04_embeddings_and_positions.ipynb #c005
@@ -28,7 +28,7 @@ class Embeddings(nn.Module):
         self.d_model = d_model
         nn.init.normal_(self.lut.weight, mean=0.0, std=d_model**-0.5)
 
-    def forward(self, x):  # (batch, n) int64
+    def forward(self, x: Tensor) -> Tensor:  # (batch, n) int64
         return self.lut(x) * math.sqrt(self.d_model)  # (batch, n, d_model)
 
 
@@ -39,7 +39,7 @@ class Generator(nn.Module):
         super().__init__()
         self.proj = nn.Linear(d_model, vocab)
 
-    def forward(self, x):  # (batch, n, d_model)
+    def forward(self, x: Tensor) -> Tensor:  # (batch, n, d_model)
         return self.proj(x).log_softmax(dim=-1)  # (batch, n, vocab)
 
 
@@ -49,16 +49,15 @@ def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     if d_model % 2 != 0:
         raise ValueError(f"sinusoidal positional encoding needs an even d_model, got {d_model}")
     position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-    inv_freq = 10000.0 ** (
-        -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model
-    )  # (d_model/2,)
+    dims = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i: (d_model/2,)
+    inv_freq = 10000.0 ** (-dims / d_model)  # (d_model/2,)
     pe = torch.zeros(max_len, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(position * inv_freq)
     pe[:, 1::2] = torch.cos(position * inv_freq)
     return pe.float()
 
 
-def _check_length(n: int, max_len: int, what: str):
+def _check_length(n: int, max_len: int, what: str) -> None:
     if n > max_len:
         raise ValueError(
             f"{what}: the input has {n} positions but the table holds max_len={max_len}; "
@@ -74,15 +73,15 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         self.max_len = max_len
-        self.register_buffer(
-            "pe", sinusoidal_table(max_len, d_model)[None], persistent=True
-        )  # (1, max_len, d_model)
+        table = sinusoidal_table(max_len, d_model)[None]  # (1, max_len, d_model)
+        self.register_buffer("pe", table, persistent=True)
 
-    def forward(self, x, start: int = 0):
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
         """`start` offsets the positions (used when decoding one position at a time)."""
         n = x.size(1)
         _check_length(start + n, self.max_len, "PositionalEncoding")
-        return self.dropout(x + self.pe[:, start : start + n])
+        table = self.get_buffer("pe")  # (1, max_len, d_model)
+        return self.dropout(x + table[:, start : start + n])
 
 
 class LearnedPositionalEncoding(nn.Module):
@@ -95,7 +94,7 @@ class LearnedPositionalEncoding(nn.Module):
         self.pe = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.pe.weight, mean=0.0, std=d_model**-0.5)
 
-    def forward(self, x, start: int = 0):
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
         n = x.size(1)
         _check_length(start + n, self.max_len, "LearnedPositionalEncoding")
         positions = torch.arange(start, start + n, device=x.device)

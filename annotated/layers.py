@@ -12,9 +12,11 @@ __all__ = [
 # %% ../notebooks/03_feed_forward_and_residuals.ipynb #c002
 # Position-wise feed-forward network, residual + LayerNorm wrapper, encoder and decoder layers
 # (paper sections 3.1, 3.3, 5.4).
-from torch import nn
+from collections.abc import Callable
 
-from .multihead import clones
+from torch import Tensor, nn
+
+from .multihead import KVCache, MultiHeadedAttention, clones
 
 
 # %% ../notebooks/03_feed_forward_and_residuals.ipynb #c005
@@ -27,7 +29,7 @@ class PositionwiseFeedForward(nn.Module):
         self.w_2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x):  # (batch, n, d_model)
+    def forward(self, x: Tensor) -> Tensor:  # (batch, n, d_model)
         hidden = self.w_1(x).relu()  # (batch, n, d_ff)
         return self.w_2(self.dropout(hidden))  # (batch, n, d_model)
 
@@ -49,7 +51,7 @@ class SublayerConnection(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x, sublayer):
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.norm_first:
             return x + self.dropout(sublayer(self.norm(x)))
         return self.norm(x + self.dropout(sublayer(x)))
@@ -60,14 +62,20 @@ class EncoderLayer(nn.Module):
     """Self-attention, then feed-forward; each wrapped in residual + LayerNorm."""
 
     def __init__(
-        self, size: int, self_attn, feed_forward, dropout: float, *, norm_first: bool = False
-    ):
+        self,
+        size: int,
+        self_attn: MultiHeadedAttention,
+        feed_forward: PositionwiseFeedForward,
+        dropout: float,
+        *,
+        norm_first: bool = False,
+    ) -> None:
         super().__init__()
         self.self_attn, self.feed_forward = self_attn, feed_forward
         self.sublayer = clones(SublayerConnection(size, dropout, norm_first=norm_first), 2)
         self.size, self.norm_first = size, norm_first
 
-    def forward(self, x, mask):  # x: (batch, n_src, d_model)
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # x: (batch, n_src, d_model)
         x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))  # mask: (batch, 1, n_src)
         return self.sublayer[1](x, self.feed_forward)
 
@@ -78,19 +86,26 @@ class DecoderLayer(nn.Module):
     def __init__(
         self,
         size: int,
-        self_attn,
-        src_attn,
-        feed_forward,
+        self_attn: MultiHeadedAttention,
+        src_attn: MultiHeadedAttention,
+        feed_forward: PositionwiseFeedForward,
         dropout: float,
         *,
         norm_first: bool = False,
-    ):
+    ) -> None:
         super().__init__()
         self.self_attn, self.src_attn, self.feed_forward = self_attn, src_attn, feed_forward
         self.sublayer = clones(SublayerConnection(size, dropout, norm_first=norm_first), 3)
         self.size, self.norm_first = size, norm_first
 
-    def forward(self, x, memory, src_mask, tgt_mask, cache=None):
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        tgt_mask: Tensor | None,
+        cache: tuple[KVCache, KVCache] | None = None,
+    ) -> Tensor:
         """x: (batch, n_tgt, d_model), memory: (batch, n_src, d_model); tgt_mask (batch, n_tgt,
         n_tgt), src_mask (batch, 1, n_src); cache: (self-attention's, memory's) KVCache or None."""
         self_cache, memory_cache = cache or (None, None)

@@ -24,7 +24,7 @@ class LabelSmoothing(nn.Module):
         self.criterion = nn.KLDivLoss(reduction="sum")
         self.size, self.padding_idx = size, padding_idx
         self.smoothing, self.confidence = smoothing, 1.0 - smoothing
-        self.true_dist = None  # the last target distribution, for pictures
+        self.true_dist: torch.Tensor | None = None  # the last target distribution, for pictures
 
     def target_distribution(self, target: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
         """(n,) token ids -> (n, size) smoothed distribution q; rows of padding targets are zero."""

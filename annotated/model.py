@@ -16,8 +16,9 @@ __all__ = [
 # The encoder-decoder model and `make_model`, with the paper's configurations (3.1, Table 3).
 import copy
 from dataclasses import dataclass, fields
+from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from annotated.embeddings import (
     Embeddings,
@@ -27,7 +28,7 @@ from annotated.embeddings import (
 )
 
 from .layers import LAYER_NORM_EPS, DecoderLayer, EncoderLayer, PositionwiseFeedForward
-from .multihead import MultiHeadedAttention, clones
+from .multihead import KVCache, MultiHeadedAttention, clones
 
 
 # %% ../notebooks/05_full_model.ipynb #c005
@@ -41,7 +42,7 @@ class Encoder(nn.Module):
             nn.LayerNorm(layer.size, eps=LAYER_NORM_EPS) if layer.norm_first else nn.Identity()
         )
 
-    def forward(self, x, mask):  # x: (batch, n_src, d_model), mask: (batch, 1, n_src)
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # x: (batch, n_src, d_model)
         for layer in self.layers:
             x = layer(x, mask)
         return self.norm(x)  # memory: (batch, n_src, d_model)
@@ -57,7 +58,14 @@ class Decoder(nn.Module):
             nn.LayerNorm(layer.size, eps=LAYER_NORM_EPS) if layer.norm_first else nn.Identity()
         )
 
-    def forward(self, x, memory, src_mask, tgt_mask, cache=None):  # x: (batch, n_tgt, d_model)
+    def forward(
+        self,
+        x: Tensor,  # (batch, n_tgt, d_model)
+        memory: Tensor,
+        src_mask: Tensor,
+        tgt_mask: Tensor | None,
+        cache: list[tuple[KVCache, KVCache]] | None = None,
+    ) -> Tensor:
         """cache: one (self-attention, memory) pair of KVCache per layer, or None (chapter 7)."""
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, src_mask, tgt_mask, None if cache is None else cache[i])
@@ -72,26 +80,24 @@ class EncoderDecoder(nn.Module):
         self,
         encoder: Encoder,
         decoder: Decoder,
-        src_embed: nn.Module,
-        tgt_embed: nn.Module,
+        src_embed: nn.Sequential,
+        tgt_embed: nn.Sequential,
         generator: Generator,
-    ):
+    ) -> None:
         super().__init__()
         self.encoder, self.decoder = encoder, decoder
         self.src_embed, self.tgt_embed = src_embed, tgt_embed
         self.generator = generator
 
-    def forward(self, src, tgt, src_mask, tgt_mask):
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
         """src (batch, n_src), tgt (batch, n_tgt) ids -> decoder output (batch, n_tgt, d_model)."""
         return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
 
-    def encode(self, src, src_mask):
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         return self.encoder(self.src_embed(src), src_mask)  # (batch, n_src, d_model)
 
-    def decode(self, memory, src_mask, tgt, tgt_mask):
-        return self.decoder(
-            self.tgt_embed(tgt), memory, src_mask, tgt_mask
-        )  # (batch, n_tgt, d_model)
+    def decode(self, memory: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor) -> Tensor:
+        return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)  # (batch, n_tgt, d)
 
 
 # %% ../notebooks/05_full_model.ipynb #c009
@@ -116,7 +122,7 @@ TRANSFORMER_BASE = ModelConfig()
 TRANSFORMER_BIG = ModelConfig(d_model=1024, d_ff=4096, h=16, dropout=0.3)
 
 
-def make_model(src_vocab: int, tgt_vocab: int, **options) -> EncoderDecoder:
+def make_model(src_vocab: int, tgt_vocab: int, **options: Any) -> EncoderDecoder:
     """Build the Transformer. `options` are `ModelConfig` fields; each one left out keeps its
     default there, so `make_model(V, V)` is the paper's base model."""
     known = [f.name for f in fields(ModelConfig)]
@@ -150,24 +156,26 @@ def make_model(src_vocab: int, tgt_vocab: int, **options) -> EncoderDecoder:
     ff = PositionwiseFeedForward(d_model, d_ff, cfg.ffn_dropout)
     Position = LearnedPositionalEncoding if learned_positions else PositionalEncoding
     position = Position(d_model, dropout, cfg.max_len)
+    encoder = Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout, norm_first=norm_first), N)
+    layer = DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout, norm_first=norm_first)
+    decoder = Decoder(layer, N)
+    src_embed, tgt_embed = Embeddings(d_model, src_vocab), Embeddings(d_model, tgt_vocab)
     model = EncoderDecoder(
-        Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout, norm_first=norm_first), N),
-        Decoder(DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout, norm_first=norm_first), N),
-        nn.Sequential(Embeddings(d_model, src_vocab), c(position)),
-        nn.Sequential(Embeddings(d_model, tgt_vocab), c(position)),
+        encoder,
+        decoder,
+        nn.Sequential(src_embed, c(position)),
+        nn.Sequential(tgt_embed, c(position)),
         Generator(d_model, tgt_vocab),
     )
-    for (
-        module
-    ) in model.modules():  # Xavier-uniform weights, zero biases (embeddings keep N(0, 1/d_model))
+    # Xavier-uniform weights, zero biases (embeddings keep N(0, 1/d_model))
+    for module in model.modules():
         if isinstance(module, nn.Linear):
             nn.init.xavier_uniform_(module.weight)
             nn.init.zeros_(module.bias)
     if cfg.share_embeddings:
-        tgt_lut = model.tgt_embed[0].lut
-        model.generator.proj.weight = tgt_lut.weight  # pre-softmax projection = target embedding
+        model.generator.proj.weight = tgt_embed.lut.weight  # pre-softmax projection = target emb.
         if src_vocab == tgt_vocab:
-            model.src_embed[0].lut.weight = tgt_lut.weight  # ... = source embedding
+            src_embed.lut.weight = tgt_embed.lut.weight  # ... = source embedding
     return model
 
 

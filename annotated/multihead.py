@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from .attention import attention
 
@@ -21,7 +21,7 @@ def clones(module: nn.Module, n: int) -> nn.ModuleList:
     return nn.ModuleList([copy.deepcopy(module) for _ in range(n)])
 
 
-def stacked_linear(x, *layers: nn.Linear):
+def stacked_linear(x: Tensor, *layers: nn.Linear) -> tuple[Tensor, ...]:
     """x through several nn.Linear layers at once: one matmul, one output each."""
     w = torch.cat([m.weight for m in layers])  # (sum of out_features, in_features)
     b = torch.cat([m.bias for m in layers])
@@ -65,14 +65,16 @@ class MultiHeadedAttention(nn.Module):
         self.w_o = nn.Linear(d_model, d_model)  # W^O
         # dropout on the attention weights: not in the paper, off by default
         self.dropout = nn.Dropout(dropout) if dropout > 0 else None
-        self.attn = None  # last attention weights, (batch, h, n_q, n_k), for pictures
+        self.attn: Tensor | None = (
+            None  # last attention weights, (batch, h, n_q, n_k), for pictures
+        )
         self.fast = fast  # fused projections and scaled_dot_product_attention (no weights kept)
 
-    def split_heads(self, x):
+    def split_heads(self, x: Tensor) -> Tensor:
         batch, n, _ = x.shape  # (batch, n, d_model)
         return x.view(batch, n, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
 
-    def project(self, query, key, value):
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, ...]:
         """Q W^Q, K W^K, V W^V: (batch, n, d_model) each. The fast path multiplies an input once by
         the projections that share it, stacked: all three in self-attention, K and V in
         encoder-decoder attention. Same parameters, same function, fewer and larger matmuls."""
@@ -82,10 +84,12 @@ class MultiHeadedAttention(nn.Module):
             return self.w_q(query), *stacked_linear(key, self.w_k, self.w_v)  # enc-dec attention
         return self.w_q(query), self.w_k(key), self.w_v(value)
 
-    def heads(self, query, key, value, cache: KVCache | None):
+    def heads(
+        self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values split into heads, (batch, h, n, d_k) each; with a cache, the
         keys and values of earlier steps come from it and the new ones go into it."""
-        if cache is not None and not cache.grow and cache.k is not None:
+        if cache is not None and not cache.grow and cache.k is not None and cache.v is not None:
             return self.split_heads(self.w_q(query)), cache.k, cache.v  # the memory's, kept
         q, k, v = map(self.split_heads, self.project(query, key, value))
         if cache is not None:
@@ -95,19 +99,27 @@ class MultiHeadedAttention(nn.Module):
             cache.k, cache.v = k, v
         return q, k, v
 
-    def forward(self, query, key, value, mask=None, *, cache: KVCache | None = None):
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+    ) -> Tensor:
         """query: (batch, n_q, d_model); key, value: (batch, n_k, d_model);
         mask: (batch or 1, n_q or 1, n_k), True where attending is allowed."""
         if mask is not None:
             mask = mask.unsqueeze(1)  # same mask for every head
         q, k, v = self.heads(query, key, value, cache)  # each (batch, h, n, d_k)
         if self.fast:  # same function, fused kernel
-            p = self.dropout.p if self.dropout is not None and self.training else 0.0
-            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            drop = self.dropout.p if self.dropout is not None and self.training else 0.0
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
             self.attn = None
         else:
-            x, p = attention(q, k, v, mask=mask, dropout=self.dropout)  # (batch, h, n_q, d_k)
-            self.attn = p.detach()  # for pictures: no autograd graph kept alive
+            x, weights = attention(q, k, v, mask=mask, dropout=self.dropout)  # (batch, h, n_q, d_k)
+            self.attn = weights.detach()  # for pictures: no autograd graph kept alive
         batch, _, n_q, _ = x.shape
         x = x.transpose(1, 2).reshape(
             batch, n_q, self.h * self.d_k

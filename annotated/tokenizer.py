@@ -9,13 +9,14 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .batching import BOS, EOS, PAD
 
 # %% ../notebooks/08_multi30k_data.ipynb #c016
 UNK = 3  # unknown-piece id; PAD, BOS, EOS (0, 1, 2) come from the training chapter
 
-TOKENIZER_OPTIONS = dict(
+TOKENIZER_OPTIONS: dict[str, Any] = dict(
     model_type="bpe",
     character_coverage=1.0,
     pad_id=PAD,

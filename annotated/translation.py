@@ -48,9 +48,8 @@ def translate(
                 "this model translates at "
                 f"most {limit}. Split the line, or train with a larger model.max_len."
             )
-    order = sorted(
-        (i for i, e in enumerate(encoded) if e is not None), key=lambda i: len(encoded[i])
-    )
+    kept = {i: e for i, e in enumerate(encoded) if e is not None}  # empty lines stay empty
+    order = sorted(kept, key=lambda i: len(kept[i]))  # similar lengths batched together
     out = [""] * len(sentences)
     model.eval()
     starts = range(0, len(order), batch_size)
@@ -62,7 +61,7 @@ def translate(
         disable=not progress or len(starts) < 2,
     ):
         ids = order[k : k + batch_size]
-        batch = make_batch([encoded[i] for i in ids])
+        batch = make_batch([kept[i] for i in ids])
         hyps = beam_search(
             model,
             batch.src.to(device),
@@ -79,6 +78,7 @@ def translate(
 
 
 # %% ../notebooks/09a_translate.ipynb #c002
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -95,21 +95,21 @@ def config_from_checkpoint(state: dict) -> TrainConfig:
     return TrainConfig(**{**saved, "model": ModelConfig(**saved["model"])})
 
 
-def load_model(paths: list[str | Path], device="cpu"):
+def load_model(paths: Sequence[str | Path], device="cpu"):
     """(model, tokenizer, config) from one checkpoint, or the average of several."""
-    paths = [Path(p) for p in paths]
-    for p in paths:
+    files = [Path(p) for p in paths]
+    for p in files:
         if not p.exists():
             raise TrainingError(f"checkpoint {p} does not exist")
-    state = load_checkpoint(paths[-1])
+    state = load_checkpoint(files[-1])
     cfg = config_from_checkpoint(state)
-    weights = average_checkpoints(paths) if len(paths) > 1 else state["model"]
+    weights = average_checkpoints(files) if len(files) > 1 else state["model"]
     if cfg.task not in TASKS:
         raise TrainingError(f"no task {cfg.task!r} is known (known: {', '.join(TASKS)})")
     tokenizer = TASKS[cfg.task].tokenizer_for(cfg)
     if state["tokenizer"] != tokenizer.fingerprint:
         raise TrainingError(
-            f"{paths[-1]} was trained with tokenizer {state['tokenizer']}, but the {cfg.task} "
+            f"{files[-1]} was trained with tokenizer {state['tokenizer']}, but the {cfg.task} "
             f"tokenizer found here is {tokenizer.fingerprint}; its ids would be read as other "
             f"words. Give it the tokenizer it was trained with: the same cache folder "
             f"(~/.cache/annotated, or $XDG_CACHE_HOME/annotated), or the same data and "

@@ -70,7 +70,7 @@ from annotated.loss import (
 from annotated.multihead import MultiHeadedAttention
 from annotated.provenance import provenance
 from annotated.schedule import make_optimizer
-from annotated.trainer import loss_on_batch
+from annotated.step import loss_on_batch
 
 PRESETS = {  # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target tokens per batch
     "quick": dict(vocab=500, N=1, d_model=64, d_ff=128, h=4, norm_first=False, tokens=400),

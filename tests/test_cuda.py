@@ -15,8 +15,9 @@ from annotated.decoding import beam_search, greedy_decode
 from annotated.fast import make_fast
 from annotated.loss import FusedLabelSmoothing, LabelSmoothing
 from annotated.registry import build_config
+from annotated.step import loss_on_batch
 from annotated.tasks.copy import copy_batch
-from annotated.trainer import loss_on_batch, train
+from annotated.trainer import train
 
 from helpers import padded_batch
 

@@ -16,7 +16,8 @@ from annotated.fast import FastDropout, make_fast
 from annotated.loss import FusedLabelSmoothing, LabelSmoothing
 from annotated.multihead import MultiHeadedAttention
 from annotated.registry import build_config
-from annotated.trainer import loss_on_batch, train
+from annotated.step import loss_on_batch
+from annotated.trainer import train
 
 from helpers import padded_batch
 

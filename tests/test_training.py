@@ -10,8 +10,8 @@ from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler
 from annotated.decoding import greedy_decode
 from annotated.loss import LabelSmoothing
 from annotated.schedule import make_optimizer, rate
+from annotated.step import train_step
 from annotated.tasks.copy import copy_batch
-from annotated.trainer import train_step
 
 
 def test_batch_shifts_and_masks():

@@ -14,6 +14,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ def evaluate_run(
             f"{run_dir}: task {cfg.task!r} has no test sets; evaluate a run of a task that "
             f"has (tasks with test sets: {', '.join(k for k, t in TASKS.items() if t.test_sets)})"
         )
-    report = {
+    report: dict[str, Any] = {
         "checkpoints": [p.name for p in paths],
         "beam_size": beam_size,
         "alpha": alpha,
@@ -152,7 +153,7 @@ def write_results(
     write_text_atomic(out_dir / "metrics.jsonl", log)
     for name, rows in report["translations"].items():
         write_text_atomic(out_dir / f"{name}.hyp", "".join(r["hypothesis"] + "\n" for r in rows))
-    first = next(iter(report["translations"].values()), [])
+    first: list[dict] = next(iter(report["translations"].values()), [])
     write_text_atomic(
         out_dir / "samples.tsv",
         "source\treference\thypothesis\n"
