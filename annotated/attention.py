@@ -40,6 +40,7 @@ def attention(
     return p_attn @ value, p_attn  # (..., n_q, d_v), (..., n_q, n_k)
 
 
+# %% ../notebooks/01_attention.ipynb #c005h
 def _check_shapes(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> None:
     """Raise a ValueError that names the mismatched dimensions."""
     if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
