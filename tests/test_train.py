@@ -318,29 +318,27 @@ def test_unusable_values_are_refused_before_training(setting, key):
         build_config("copy", [setting])
 
 
-def test_second_trainer_on_the_same_folder_is_refused_and_a_kill_frees_it(tmp_path):
-    out = tmp_path / "run"
-    args = [
-        "--config",
-        "copy",
-        *TINY,
-        "--set",
-        "max_steps=100000",
-        "--set",
-        "checkpoint_every=5",
-        "--out",
-        str(out),
-    ]
-    first = subprocess.Popen(
+def endless_run(out, **popen):
+    """A trainer started in the background with no end in sight, once it has written its first
+    checkpoint: (the process, its arguments)."""
+    args = ["--config", "copy", *TINY, "--set", "max_steps=100000", "--set", "checkpoint_every=5"]
+    args += ["--out", str(out)]
+    proc = subprocess.Popen(
         [sys.executable, "-m", "annotated.cli.train", "--no-progress", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
+        **popen,
+    )
+    deadline = time.time() + 120
+    while not list((out / "checkpoints").glob("ckpt_*.pt")) and time.time() < deadline:
+        time.sleep(0.05)
+    return proc, args
+
+
+def test_second_trainer_on_the_same_folder_is_refused_and_a_kill_frees_it(tmp_path):
+    first, args = endless_run(
+        tmp_path / "run", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.time() + 120
-        while not list((out / "checkpoints").glob("ckpt_*.pt")) and time.time() < deadline:
-            time.sleep(0.05)
         msg = error_of(run_trainer(*args, "--resume", check=False))
         assert "in use by another trainer" in msg and f"pid {first.pid}" in msg
     finally:
@@ -350,28 +348,9 @@ def test_second_trainer_on_the_same_folder_is_refused_and_a_kill_frees_it(tmp_pa
 
 
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
-    out = tmp_path / "run"
-    args = [
-        "--config",
-        "copy",
-        *TINY,
-        "--set",
-        "max_steps=100000",
-        "--set",
-        "checkpoint_every=5",
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "annotated.cli.train", "--no-progress", *args],
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    proc, _ = endless_run(
+        tmp_path / "run", text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    deadline = time.time() + 120
-    while not list((out / "checkpoints").glob("ckpt_*.pt")) and time.time() < deadline:
-        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "Traceback" not in err, err
@@ -442,37 +421,14 @@ def test_resume_keeps_the_earlier_segment_and_logs_the_rate_each_step_used(tmp_p
 def test_files_that_are_not_checkpoints_or_json_get_messages(tmp_path):
     out = tmp_path / "run"
     run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
+    resume = ["--config", "copy", *TINY, "--set", "max_steps=3", "--resume", "--out", str(out)]
     (out / "run.json").write_text("")
-    msg = error_of(
-        run_trainer(
-            "--config",
-            "copy",
-            *TINY,
-            "--set",
-            "max_steps=3",
-            "--resume",
-            "--out",
-            str(out),
-            check=False,
-        )
-    )
+    msg = error_of(run_trainer(*resume, check=False))
     assert "run.json cannot be read as JSON" in msg
     (out / "run.json").unlink()
     newest = sorted((out / "checkpoints").glob("*.pt"))[-1]
     torch.save({"weights": torch.zeros(2)}, newest)
-    msg = error_of(
-        run_trainer(
-            "--config",
-            "copy",
-            *TINY,
-            "--set",
-            "max_steps=3",
-            "--resume",
-            "--out",
-            str(out),
-            check=False,
-        )
-    )
+    msg = error_of(run_trainer(*resume, check=False))
     assert "not a checkpoint of this trainer" in msg
 
 
