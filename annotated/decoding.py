@@ -58,9 +58,8 @@ class StepDecoder:
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Row r continues old row rows[r]: the cached keys and values follow their rows."""
-        for self_kv, memory_kv in self.cache or []:
+        for self_kv, _ in self.cache or []:  # a memory's keys and values stay (see KVCache)
             self_kv.reorder(rows)
-            memory_kv.reorder(rows)
 
 
 @torch.no_grad()

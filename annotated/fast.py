@@ -27,9 +27,8 @@ class FastDropout(nn.Dropout):
         if threshold >= 65536:
             return x * 0
         n = x.numel()
-        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(
-            -(2**63), None
-        )  # 64 random bits each
+        # 64 random bits each, four 16-bit numbers per draw
+        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
         u = bits.view(torch.int16)[:n].view(x.shape)  # uniform on -32768 .. 32767
         keep = u >= threshold - 32768
         return x * (keep.to(x.dtype) * (65536 / (65536 - threshold)))  # inverted dropout

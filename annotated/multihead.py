@@ -121,7 +121,6 @@ class MultiHeadedAttention(nn.Module):
             x, weights = attention(q, k, v, mask=mask, dropout=self.dropout)  # (batch, h, n_q, d_k)
             self.attn = weights.detach()  # for pictures: no autograd graph kept alive
         batch, _, n_q, _ = x.shape
-        x = x.transpose(1, 2).reshape(
-            batch, n_q, self.h * self.d_k
-        )  # Concat: (batch, n_q, d_model)
+        # Concat: (batch, n_q, d_model)
+        x = x.transpose(1, 2).reshape(batch, n_q, self.h * self.d_k)
         return self.w_o(x)  # (batch, n_q, d_model)

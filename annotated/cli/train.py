@@ -40,9 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
-        steps = (
-            [] if args.max_steps is None else [f"max_steps={args.max_steps}"]
-        )  # 0 is refused, not ignored
+        # --max-steps 0 is refused by the configuration's checks, not ignored
+        steps = [] if args.max_steps is None else [f"max_steps={args.max_steps}"]
         cfg = build_config(args.config, args.set + steps)
         command = " ".join(
             ["python -m annotated.cli.train", *(sys.argv[1:] if argv is None else argv)]
