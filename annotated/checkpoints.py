@@ -7,6 +7,7 @@ __all__ = [
     "checkpoint_paths",
     "save_checkpoint",
     "load_checkpoint",
+    "load_weights",
     "read_json",
     "all_finite",
     "lock_out_dir",
@@ -45,6 +46,7 @@ def write_text_atomic(path: Path, text: str) -> Path:
     return path
 
 
+# %% ../notebooks/06c_trainer.ipynb #c013b
 def checkpoint_paths(out: Path) -> list[Path]:
     return sorted((out / "checkpoints").glob("ckpt_*.pt"))
 
@@ -87,6 +89,7 @@ def save_checkpoint(out: Path, state: dict, keep_last: int) -> Path:
     return path
 
 
+# %% ../notebooks/06c_trainer.ipynb #c013c
 CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "rng", "tokenizer")
 
 
@@ -112,6 +115,20 @@ def load_checkpoint(path: Path) -> dict:
     return state
 
 
+def load_weights(model: torch.nn.Module, weights: dict, source) -> None:
+    """Load `weights` into `model`, or raise a TrainingError naming the tensors that do not fit."""
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as e:  # PyTorch lists one mismatch per line after a heading
+        details = [line.strip() for line in str(e).splitlines()[1:] if line.strip()]
+        more = f"; and {len(details) - 3} more" if len(details) > 3 else ""
+        raise TrainingError(
+            f"{source} does not fit the model built from its configuration: "
+            f"{'; '.join(details[:3])}{more}. It was written for another architecture "
+            f"(see the run's run.json) or by another version of this code."
+        ) from None
+
+
 def read_json(path: Path) -> dict:
     """A JSON file written by the trainer (run.json), or a TrainingError that says what to do."""
     try:
@@ -123,6 +140,7 @@ def read_json(path: Path) -> dict:
         ) from None
 
 
+# %% ../notebooks/06c_trainer.ipynb #c013d
 def all_finite(model: torch.nn.Module) -> bool:
     """True if no parameter holds inf or NaN (one host sync)."""
     return bool(torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all())
@@ -152,6 +170,7 @@ def lock_out_dir(out: Path):
     return handle
 
 
+# %% ../notebooks/06c_trainer.ipynb #c013e
 def rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
@@ -166,6 +185,7 @@ def restore_rng_state(state: dict):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# %% ../notebooks/06c_trainer.ipynb #c013f
 def record_run(out: Path, record: dict, step: int):
     """run.json describes the current segment; earlier ones stay in "history"."""
     run_file = out / "run.json"

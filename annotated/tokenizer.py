@@ -30,6 +30,7 @@ TOKENIZER_OPTIONS: dict[str, Any] = dict(
 )
 
 
+# %% ../notebooks/08_multi30k_data.ipynb #c016b
 class Tokenizer:
     """Sentences <-> token ids with a SentencePiece model; special ids PAD, BOS, EOS, UNK."""
 
@@ -67,6 +68,7 @@ class Tokenizer:
         return f"Tokenizer(vocab_size={self.vocab_size})"
 
 
+# %% ../notebooks/08_multi30k_data.ipynb #c016c
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """A Tokenizer from a SentencePiece `.model` file."""
     import sentencepiece as spm

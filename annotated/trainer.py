@@ -19,6 +19,7 @@ from annotated.checkpoints import (
     all_finite,
     checkpoint_paths,
     load_checkpoint,
+    load_weights,
     lock_out_dir,
     read_json,
     record_run,
@@ -98,6 +99,7 @@ class _Run:
     step: int = 0
 
 
+# %% ../notebooks/06c_trainer.ipynb #c015b2
 def _build(cfg: TrainConfig, world: int, device: torch.device) -> _Run:
     if cfg.task not in TASKS:
         raise ConfigError(f"unknown task {cfg.task!r}; choose one of: {', '.join(sorted(TASKS))}")
@@ -120,6 +122,7 @@ def _build(cfg: TrainConfig, world: int, device: torch.device) -> _Run:
     return _Run(task, model, optimizer, scheduler, loss(task.tgt_vocab, PAD, cfg.label_smoothing))
 
 
+# %% ../notebooks/06c_trainer.ipynb #c015b3
 def _resume(run: _Run, path: Path) -> None:
     state = load_checkpoint(path)
     fingerprint = run.task.tokenizer.fingerprint
@@ -129,10 +132,7 @@ def _resume(run: _Run, path: Path) -> None:
             f"now is {fingerprint}: the same ids would mean other words. Restore the tokenizer "
             f"the run started with, or start a new run in another --out."
         )
-    try:
-        run.model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise TrainingError(f"{path} does not fit this model: {str(e)[:300]}") from None
+    load_weights(run.model, state["model"], path)
     optimizer, scheduler = run.optimizer, run.scheduler
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -253,6 +253,7 @@ def train(
             lock.close()
 
 
+# %% ../notebooks/06c_trainer.ipynb #c015e2
 def _train_locked(
     cfg: TrainConfig,
     out: Path,
@@ -301,6 +302,7 @@ def _train_locked(
     )
 
 
+# %% ../notebooks/06c_trainer.ipynb #c015e3
 def _summary(out, cfg, step, seconds, loss, run_tokens, last_path, world, rank) -> dict:
     """What `train` returns, and the line the first process prints at the end."""
     summary = {

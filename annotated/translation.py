@@ -82,7 +82,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from .checkpoints import average_checkpoints, load_checkpoint
+from .checkpoints import average_checkpoints, load_checkpoint, load_weights
 from .config import TrainConfig
 from .errors import TrainingError
 from .model import ModelConfig, make_model
@@ -116,26 +116,5 @@ def load_model(paths: Sequence[str | Path], device="cpu"):
             f"SentencePiece version."
         )
     model = make_model(tokenizer.vocab_size, tokenizer.vocab_size, **asdict(cfg.model))
-    mine = model.state_dict()
-    wrong = [
-        f"{k} (checkpoint {tuple(v.shape)}, model {tuple(mine[k].shape)})"
-        for k, v in weights.items()
-        if k in mine and v.shape != mine[k].shape
-    ]
-    missing, extra = sorted(set(mine) - set(weights)), sorted(set(weights) - set(mine))
-    if wrong or missing or extra:
-        raise TrainingError(
-            "checkpoint does not match the model built from its configuration: "
-            + "; ".join(
-                filter(
-                    None,
-                    [
-                        f"shape differs for {', '.join(wrong[:4])}" if wrong else "",
-                        f"missing {', '.join(missing[:4])}" if missing else "",
-                        f"unexpected {', '.join(extra[:4])}" if extra else "",
-                    ],
-                )
-            )
-        )
-    model.load_state_dict(weights)
+    load_weights(model, weights, files[-1])
     return model.to(device).eval(), tokenizer, cfg

@@ -128,9 +128,8 @@ def test_sigkill_then_resume_is_identical(tmp_path):
     assert done, "no checkpoint was written before the kill"
     assert int(done[-1].stem.split("_")[1]) < 400, "the run finished before it could be killed"
     run_trainer(*args, "--out", str(killed), "--resume")
-    assert not list(
-        (killed / "checkpoints").glob("*.tmp")
-    )  # a killed run's partial file is cleared
+    # a killed run's partial file is cleared
+    assert not list((killed / "checkpoints").glob("*.tmp"))
     a, b = final_weights(tmp_path / "straight"), final_weights(killed)
     for k in a:
         assert torch.equal(a[k], b[k]), k

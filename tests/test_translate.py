@@ -54,7 +54,7 @@ def test_checkpoint_of_another_shape_names_the_parameters(checkpoint, tmp_path):
     bad = tmp_path / "bad.pt"
     torch.save(state, bad)
     with pytest.raises(
-        TrainingError, match=r"shape differs for encoder\.layers\.0\.feed_forward\.w_1\.weight"
+        TrainingError, match=r"size mismatch for encoder\.layers\.0\.feed_forward\.w_1\.weight"
     ):
         load_model([bad])
 

@@ -60,6 +60,7 @@ def data_root() -> Path:
     return Path(local).expanduser() if local else cache_dir()
 
 
+# %% ../../notebooks/08_multi30k_data.ipynb #c007b
 def sha256_of(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -75,6 +76,7 @@ def verify_sha256(path: str | Path, expected: str) -> None:
         raise ChecksumError(f"SHA-256 mismatch for {path}: expected {expected}, got {actual}.")
 
 
+# %% ../../notebooks/08_multi30k_data.ipynb #c007c
 def _download(
     url: str, part: Path, size: int, progress: bool, desc: str, timeout: float = 60
 ) -> int:
@@ -114,6 +116,7 @@ def _download(
     return part.stat().st_size - have
 
 
+# %% ../../notebooks/08_multi30k_data.ipynb #c007d
 def fetch(
     file: RemoteFile,
     *,
@@ -201,6 +204,7 @@ def decode_lines(stream, name: str) -> list[str]:
     return lines
 
 
+# %% ../../notebooks/08_multi30k_data.ipynb #c011b
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
     """(source, target) pairs from two line-aligned files; pairs with an empty side are dropped."""
     src, tgt = read_lines(src_path), read_lines(tgt_path)

@@ -61,6 +61,7 @@ class IdTokenizer:
         return " ".join(map(str, ids))
 
 
+# %% ../../notebooks/06c_trainer.ipynb #c009b
 class CopyTask:
     """Random copy-task batches, a pure function of (seed, step, index)."""
 
@@ -80,6 +81,7 @@ class CopyTask:
         return copy_batch(self.cfg.vocab, self.cfg.batch_sentences, generator=g)
 
 
+# %% ../../notebooks/06c_trainer.ipynb #c009c
 def copy_config() -> TrainConfig:
     """Chapter 6's copy task: 800 steps of a 2-layer model, under a minute on a laptop CPU."""
     return TrainConfig(

@@ -72,6 +72,7 @@ class Multi30kTask:
         return make_batch([self.src[i] for i in ids], [self.tgt[i] for i in ids])
 
 
+# %% ../../notebooks/09_multi30k.ipynb #c011a2
 def multi30k_config() -> TrainConfig:
     """The full (GPU) profile: base-sized model, 3,000 updates of ~12k target tokens (about five
     minutes on one H100). Pre-norm: the post-norm run of this recipe collapsed (chapter 9b)."""
