@@ -25,7 +25,7 @@ class StepDecoder:
     """Next-token log-probabilities, one decoding step at a time, for rows that share `memory`.
 
     use_cache=True runs only the newest position through the decoder layers, which keep the
-    keys and values of earlier positions (KVCache, chapter 7); use_cache=False runs the decoder
+    keys and values of earlier positions (KVCache, chapter 2); use_cache=False runs the decoder
     on the whole prefix at every step. Same function. memory: (rows, n_src, d_model),
     src_mask: (rows, 1, n_src).
     """

@@ -122,6 +122,7 @@ TRANSFORMER_BASE = ModelConfig()
 TRANSFORMER_BIG = ModelConfig(d_model=1024, d_ff=4096, h=16, dropout=0.3)
 
 
+# %% ../notebooks/05_full_model.ipynb #c009b
 def make_model(src_vocab: int, tgt_vocab: int, **options: Any) -> EncoderDecoder:
     """Build the Transformer. `options` are `ModelConfig` fields; each one left out keeps its
     default there, so `make_model(V, V)` is the paper's base model."""
@@ -179,6 +180,7 @@ def make_model(src_vocab: int, tgt_vocab: int, **options: Any) -> EncoderDecoder
     return model
 
 
+# %% ../notebooks/05_full_model.ipynb #c009c
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct trainable parameters (a shared matrix counts once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

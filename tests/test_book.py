@@ -5,6 +5,7 @@ main job (`make book`) executes every notebook. nbval checks that the stored out
 what the code produces today.
 """
 
+import json
 import re
 import shutil
 import subprocess
@@ -90,3 +91,39 @@ def test_mathjax_and_vega_are_served_locally(built_book):
     assert page.count("tex-mml-chtml.js") == 1, "MathJax must be loaded exactly once"
     assert 'vegaEmbed("#vega-' in page  # charts are embedded, not images or CDN loaders
     assert r"\sqrt{d_k}" in page  # equations reach the page for MathJax
+
+
+def prose_and_exported_code(notebook: dict) -> tuple[int, int]:
+    """Characters of prose (markdown cells, fenced code blocks left out) and of exported code
+    (cells with an `#| export` directive; directives, blank lines and indentation left out)."""
+    prose = code = 0
+    for cell in notebook["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            prose += len(re.sub(r"```.*?```", "", text, flags=re.S))
+        elif cell["cell_type"] == "code" and re.search(r"^#\|\s*export", text, re.M):
+            lines = [line.strip() for line in text.splitlines()]
+            code += len("\n".join(s for s in lines if s and not s.startswith("#|")))
+    return prose, code
+
+
+def test_prose_and_code_are_measured_as_documented():
+    notebook = {
+        "cells": [
+            {"cell_type": "markdown", "source": ["Two words.\n", "```python\nx = 1\n```"]},
+            {"cell_type": "code", "source": ["#| export\n", "def f():\n", "\n", "    return 1"]},
+            {"cell_type": "code", "source": ["y = 2  # not exported"]},
+        ]
+    }
+    assert prose_and_exported_code(notebook) == (len("Two words.\n"), len("def f():\nreturn 1"))
+
+
+def test_each_chapter_explains_more_than_it_exports():
+    """A book, not a code listing: every chapter's prose is at least as long as the code it
+    adds to the package."""
+    short = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        prose, code = prose_and_exported_code(json.loads(path.read_text(encoding="utf-8")))
+        if prose < code:
+            short.append(f"{path.name}: {prose} characters of prose for {code} of exported code")
+    assert not short, short

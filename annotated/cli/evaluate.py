@@ -120,6 +120,7 @@ def read_run(run_dir) -> tuple[dict, list[dict], str]:
     return run, metrics, "".join(lines)
 
 
+# %% ../../notebooks/09b_multi30k_results.ipynb #c023b
 def write_results(
     out_dir, run_dir, report: dict, *, command: str | None = None, samples: int = 10
 ) -> Path:
@@ -165,6 +166,7 @@ def write_results(
     return out_dir / "results.json"
 
 
+# %% ../../notebooks/09b_multi30k_results.ipynb #c023c
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m annotated.cli.evaluate",
