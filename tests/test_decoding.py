@@ -337,44 +337,21 @@ def test_identical_corpora_score_100():
 def test_sacrebleu_matches_its_command_line(tmp_path):
     (tmp_path / "hyp").write_text("\n".join(HYPS) + "\n", encoding="utf-8")
     (tmp_path / "ref").write_text("\n".join(REFS) + "\n", encoding="utf-8")
-    cli = [
-        str(BIN / "sacrebleu"),
-        str(tmp_path / "ref"),
-        "-i",
-        str(tmp_path / "hyp"),
-        "-b",
-        "-w",
-        "4",
-    ]
+
+    def sacrebleu_cli(ref, hyp, *options):  # the score sacrebleu's own command prints
+        cli = [str(BIN / "sacrebleu"), str(ref), "-i", str(hyp), "-b", "-w", "4", *options]
+        return subprocess.run(cli, capture_output=True, text=True, check=True).stdout.strip()
+
     score, signature = sacrebleu_score(HYPS, REFS)
-    assert (
-        subprocess.run(cli, capture_output=True, text=True, check=True).stdout.strip()
-        == f"{score:.4f}"
-    )
+    assert sacrebleu_cli(tmp_path / "ref", tmp_path / "hyp") == f"{score:.4f}"
     assert "tok:13a" in signature and "version:" in signature
     # tokenized BLEU = sacreBLEU without its own tokenisation and smoothing, on the paper's tokens
     tok = PaperTokenizer("de")
     (tmp_path / "hyp.tok").write_text("\n".join(tok(h) for h in HYPS) + "\n", encoding="utf-8")
     (tmp_path / "ref.tok").write_text("\n".join(tok(r) for r in REFS) + "\n", encoding="utf-8")
-    cli = [
-        str(BIN / "sacrebleu"),
-        str(tmp_path / "ref.tok"),
-        "-i",
-        str(tmp_path / "hyp.tok"),
-        "-b",
-        "-w",
-        "4",
-        "--tokenize",
-        "none",
-        "--smooth-method",
-        "none",
-        "--force",
-    ]
     tscore, description = tokenized_bleu(HYPS, REFS)
-    assert (
-        subprocess.run(cli, capture_output=True, text=True, check=True).stdout.strip()
-        == f"{tscore:.4f}"
-    )
+    options = ["--tokenize", "none", "--smooth-method", "none", "--force"]
+    assert sacrebleu_cli(tmp_path / "ref.tok", tmp_path / "hyp.tok", *options) == f"{tscore:.4f}"
     assert "##AT##" in description and "tok:none" in description
     assert tscore > score  # split compounds add easy matches
 
