@@ -16,20 +16,14 @@ import torch
 
 from annotated.registry import build_config
 
-TINY = [
-    "--set",
-    "model.N=1",
-    "--set",
-    "model.d_model=16",
-    "--set",
-    "model.d_ff=32",
-    "--set",
-    "model.h=2",
-    "--set",
-    "batch_sentences=8",
-    "--set",
-    "log_every=1",
-]
+
+def sets(*overrides: str) -> list[str]:
+    """Command-line arguments that apply `key=value` overrides: --set A --set B ..."""
+    return [arg for item in overrides for arg in ("--set", item)]
+
+
+TINY = sets("model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "batch_sentences=8")
+TINY += sets("log_every=1")
 
 
 def run_trainer(*args, launcher=None, timeout=300, check=True, **env_extra):
@@ -41,21 +35,25 @@ def run_trainer(*args, launcher=None, timeout=300, check=True, **env_extra):
     return r
 
 
+def tiny_copy(out: Path, *args: str, check: bool = True):
+    """The copy configuration at its smallest (TINY), trained into `out`."""
+    return run_trainer("--config", "copy", *TINY, *args, "--out", str(out), check=check)
+
+
 def final_weights(out: Path) -> dict:
     last = sorted((out / "checkpoints").glob("ckpt_*.pt"))[-1]
     return torch.load(last, weights_only=True)["model"]
 
 
 def test_two_processes_equal_one_process_with_accumulation(tmp_path):
-    common = TINY + ["--set", "max_steps=6", "--set", "warmup=3"]
+    common = TINY + sets("max_steps=6", "warmup=3")
     # both on CPU (gloo), also on a machine with a GPU: the test is about the arithmetic of DDP
     run_trainer(
         "--config",
         "copy",
         "--out",
         str(tmp_path / "one"),
-        "--set",
-        "accum=2",
+        *sets("accum=2"),
         *common,
         CUDA_VISIBLE_DEVICES="",
     )
@@ -98,14 +96,7 @@ def test_sigkill_then_resume_is_identical(tmp_path):
         "--config",
         "copy",
         *TINY,
-        "--set",
-        "max_steps=400",
-        "--set",
-        "checkpoint_every=20",
-        "--set",
-        "model.dropout=0.1",
-        "--set",
-        "keep_last=50",
+        *sets("max_steps=400", "checkpoint_every=20", "model.dropout=0.1", "keep_last=50"),
     ]
     run_trainer(*args, "--out", str(tmp_path / "straight"))
     killed = tmp_path / "killed"
@@ -149,15 +140,15 @@ def test_unknown_config_key_and_type(tmp_path):
         run_trainer("--config", "wmt99", "--out", str(tmp_path), check=False)
     )
     msg = error_of(
-        run_trainer("--config", "copy", "--set", "warmpu=10", "--out", str(tmp_path), check=False)
+        run_trainer("--config", "copy", *sets("warmpu=10"), "--out", str(tmp_path), check=False)
     )
     assert "warmpu: unknown key" in msg and "warmup" in msg
     msg = error_of(
-        run_trainer("--config", "copy", "--set", "model.h=two", "--out", str(tmp_path), check=False)
+        run_trainer("--config", "copy", *sets("model.h=two"), "--out", str(tmp_path), check=False)
     )
     assert "model.h expects a value of type int" in msg
     msg = error_of(
-        run_trainer("--config", "copy", "--set", "bf16=maybe", "--out", str(tmp_path), check=False)
+        run_trainer("--config", "copy", *sets("bf16=maybe"), "--out", str(tmp_path), check=False)
     )
     assert "bf16 expects a value of type bool" in msg
 
@@ -167,86 +158,28 @@ def test_resume_without_and_with_corrupt_checkpoint(tmp_path):
     assert "no checkpoint in" in error_of(
         run_trainer("--config", "copy", "--resume", "--out", str(out), check=False)
     )
-    run_trainer(
-        "--config",
-        "copy",
-        *TINY,
-        "--set",
-        "max_steps=4",
-        "--set",
-        "checkpoint_every=2",
-        "--out",
-        str(out),
-    )
+    tiny_copy(out, *sets("max_steps=4", "checkpoint_every=2"))
     newest = sorted((out / "checkpoints").glob("*.pt"))[-1]
     newest.write_bytes(newest.read_bytes()[:100])
-    msg = error_of(
-        run_trainer(
-            "--config",
-            "copy",
-            *TINY,
-            "--set",
-            "max_steps=6",
-            "--resume",
-            "--out",
-            str(out),
-            check=False,
-        )
-    )
+    msg = error_of(tiny_copy(out, *sets("max_steps=6"), "--resume", check=False))
     assert "cannot be read" in msg and "ckpt_00000002.pt" in msg
 
 
 def test_out_dir_of_another_run(tmp_path):
     out = tmp_path / "run"
-    run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
-    assert "already holds checkpoints" in error_of(
-        run_trainer("--config", "copy", *TINY, "--out", str(out), check=False)
-    )
-    msg = error_of(
-        run_trainer(
-            "--config",
-            "copy",
-            *TINY,
-            "--set",
-            "model.d_model=32",
-            "--resume",
-            "--out",
-            str(out),
-            check=False,
-        )
-    )
+    tiny_copy(out, *sets("max_steps=2"))
+    assert "already holds checkpoints" in error_of(tiny_copy(out, check=False))
+    msg = error_of(tiny_copy(out, *sets("model.d_model=32"), "--resume", check=False))
     assert "different model" in msg
 
 
 def test_nan_loss_stops_without_overwriting_the_good_checkpoint(tmp_path):
     out = tmp_path / "run"
-    run_trainer(
-        "--config",
-        "copy",
-        *TINY,
-        "--set",
-        "max_steps=2",
-        "--set",
-        "checkpoint_every=1",
-        "--out",
-        str(out),
-    )
+    tiny_copy(out, *sets("max_steps=2", "checkpoint_every=1"))
     good = sorted((out / "checkpoints").glob("*.pt"))
     before = {p.name: p.read_bytes() for p in good}
-    r = run_trainer(
-        "--config",
-        "copy",
-        *TINY,
-        "--set",
-        "max_steps=50",
-        "--set",
-        "checkpoint_every=1",
-        "--set",
-        "lr_factor=1e30",
-        "--resume",
-        "--out",
-        str(out),
-        check=False,
+    r = tiny_copy(
+        out, *sets("max_steps=50", "checkpoint_every=1", "lr_factor=1e30"), "--resume", check=False
     )
     msg = error_of(r)
     assert "the loss became" in msg and "Lower lr_factor" in msg
@@ -267,16 +200,13 @@ def test_update_that_breaks_the_weights_is_never_checkpointed(tmp_path):
     that step and the real last good checkpoint, the only one kept (keep_last=1) and a finite
     one."""
     out = tmp_path / "run"
-    common = [*TINY, "--set", "checkpoint_every=1", "--set", "keep_last=1", "--out", str(out)]
-    run_trainer("--config", "copy", "--set", "max_steps=2", *common)
+    common = [*TINY, *sets("checkpoint_every=1", "keep_last=1"), "--out", str(out)]
+    run_trainer("--config", "copy", *sets("max_steps=2"), *common)
     msg = error_of(
         run_trainer(
             "--config",
             "copy",
-            "--set",
-            "max_steps=9",
-            "--set",
-            "lr_factor=1e45",
+            *sets("max_steps=9", "lr_factor=1e45"),
             "--resume",
             *common,
             check=False,
@@ -320,7 +250,7 @@ def test_unusable_values_are_refused_before_training(setting, key):
 def endless_run(out, **popen):
     """A trainer started in the background with no end in sight, once it has written its first
     checkpoint: (the process, its arguments)."""
-    args = ["--config", "copy", *TINY, "--set", "max_steps=100000", "--set", "checkpoint_every=5"]
+    args = ["--config", "copy", *TINY, *sets("max_steps=100000", "checkpoint_every=5")]
     args += ["--out", str(out)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "annotated.cli.train", "--no-progress", *args],
@@ -392,19 +322,8 @@ def test_resume_keeps_the_earlier_segment_and_logs_the_rate_each_step_used(tmp_p
 
     first = build_config("copy").lr_factor  # the configuration's own factor
     out = tmp_path / "run"
-    run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
-    run_trainer(
-        "--config",
-        "copy",
-        *TINY,
-        "--set",
-        "max_steps=4",
-        "--set",
-        f"lr_factor={first / 2}",
-        "--resume",
-        "--out",
-        str(out),
-    )
+    tiny_copy(out, *sets("max_steps=2"))
+    tiny_copy(out, *sets("max_steps=4", f"lr_factor={first / 2}"), "--resume")
     run = json.loads((out / "run.json").read_text())
     assert run["config"]["lr_factor"] == first / 2 and run["from_step"] == 2
     assert [h["config"]["lr_factor"] for h in run["history"]] == [first] and run["history"][0][
@@ -419,8 +338,8 @@ def test_resume_keeps_the_earlier_segment_and_logs_the_rate_each_step_used(tmp_p
 
 def test_files_that_are_not_checkpoints_or_json_get_messages(tmp_path):
     out = tmp_path / "run"
-    run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
-    resume = ["--config", "copy", *TINY, "--set", "max_steps=3", "--resume", "--out", str(out)]
+    tiny_copy(out, *sets("max_steps=2"))
+    resume = ["--config", "copy", *TINY, *sets("max_steps=3"), "--resume", "--out", str(out)]
     (out / "run.json").write_text("")
     msg = error_of(run_trainer(*resume, check=False))
     assert "run.json cannot be read as JSON" in msg
@@ -450,24 +369,12 @@ def test_a_refused_start_releases_the_folder_for_the_same_process(tmp_path):
 
 def test_resume_with_another_tokenizer_is_refused(tmp_path):
     out = tmp_path / "run"
-    run_trainer("--config", "copy", *TINY, "--set", "max_steps=2", "--out", str(out))
+    tiny_copy(out, *sets("max_steps=2"))
     newest = sorted((out / "checkpoints").glob("*.pt"))[-1]
     state = torch.load(newest, weights_only=True)
     assert state["tokenizer"] == "ids-13"  # the copy task's ids, 13 symbols
     state["tokenizer"] = "0123456789abcdef"  # as if its tokenizer had been replaced
     torch.save(state, newest)
-    msg = error_of(
-        run_trainer(
-            "--config",
-            "copy",
-            *TINY,
-            "--set",
-            "max_steps=4",
-            "--resume",
-            "--out",
-            str(out),
-            check=False,
-        )
-    )
+    msg = error_of(tiny_copy(out, *sets("max_steps=4"), "--resume", check=False))
     assert "trained with tokenizer 0123456789abcdef" in msg and "ids-13" in msg
     assert len(list((out / "checkpoints").glob("*.pt"))) == 1  # nothing was trained on
