@@ -65,9 +65,8 @@ class MultiHeadedAttention(nn.Module):
         self.w_o = nn.Linear(d_model, d_model)  # W^O
         # dropout on the attention weights: not in the paper, off by default
         self.dropout = nn.Dropout(dropout) if dropout > 0 else None
-        self.attn: Tensor | None = (
-            None  # last attention weights, (batch, h, n_q, n_k), for pictures
-        )
+        # the last attention weights, (batch, h, n_q, n_k), kept for pictures
+        self.attn: Tensor | None = None
         self.fast = fast  # fused projections and scaled_dot_product_attention (no weights kept)
 
     def split_heads(self, x: Tensor) -> Tensor:

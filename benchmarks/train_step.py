@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from annotated import make_model, subsequent_mask
-from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler
+from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler, make_batch
 from annotated.checkpoints import write_text_atomic
 from annotated.decoding import beam_search
 from annotated.embeddings import Embeddings, PositionalEncoding
@@ -165,20 +165,17 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None):
         pairs = [(html.unescape(a.strip()), html.unescape(b.strip())) for a, b in zip(f, g)]
     with tempfile.TemporaryDirectory() as tmp:
         tok = train_tokenizer(pairs, Path(tmp) / "wmt", 16000)
-        lengths = [
-            (len(tok.encode(a)) + 1, len(tok.encode(b)) + 2) for a, b in pairs
-        ]  # + </s>; <s> ... </s>
+        # a source ends with </s>; a target is framed by <s> ... </s>
+        lengths = [(len(tok.encode(a)) + 1, len(tok.encode(b)) + 2) for a, b in pairs]
     chosen = random.Random(seed).sample(TokenBatchSampler(lengths, tokens, seed=seed).batches(), n)
     g = torch.Generator().manual_seed(seed)
     out = []
     for ids in chosen:
-        src = torch.full((len(ids), max(lengths[i][0] for i in ids)), PAD)
-        tgt = torch.full((len(ids), max(lengths[i][1] for i in ids)), PAD)
-        for row, i in enumerate(ids):
-            s, t = lengths[i]
-            src[row, :s] = torch.randint(3, vocab, (s,), generator=g)
-            tgt[row, :t] = torch.randint(3, vocab, (t,), generator=g)
-        out.append(Batch(src, tgt, PAD))
+        sources, targets = [], []
+        for i in ids:  # random ids of the real lengths, padded by make_batch
+            sources.append(torch.randint(3, vocab, (lengths[i][0],), generator=g).tolist())
+            targets.append(torch.randint(3, vocab, (lengths[i][1],), generator=g).tolist())
+        out.append(make_batch(sources, targets))
     return out
 
 
@@ -189,9 +186,8 @@ def model_flops(b: Batch, *, vocab, N, d_model, d_ff, **_) -> float:
     S, T = s.sum().item(), t.sum().item()
     d = d_model
     enc = N * (4 * d * d + 2 * d * d_ff) * S
-    dec = N * (
-        (4 * d * d + 2 * d * d + 2 * d * d_ff) * T + 2 * d * d * S
-    )  # self (4), cross Q,O (2); K,V on source
+    # self (4), cross Q,O (2); K,V on source
+    dec = N * ((4 * d * d + 2 * d * d + 2 * d * d_ff) * T + 2 * d * d * S)
     linear = 6 * (enc + dec + d * vocab * T)
     pairs = N * ((s * s).sum() + (t * (t + 1) / 2).sum() + (t * s).sum()).item()
     return linear + 3 * 4 * d * pairs

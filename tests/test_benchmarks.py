@@ -60,6 +60,5 @@ def test_model_flops_counts_real_tokens_only():
         torch.cat([tgt, torch.full((2, 3), PAD)], 1),
         PAD,
     )
-    assert train_step.model_flops(wider, **cfg) == train_step.model_flops(
-        b, **cfg
-    )  # padding costs no model FLOPs
+    # padding costs no model FLOPs
+    assert train_step.model_flops(wider, **cfg) == train_step.model_flops(b, **cfg)

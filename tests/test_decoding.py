@@ -233,15 +233,11 @@ def test_length_limits():
     src, mask = random_batch(10, batch=3, n=5)
     n_src = mask.sum(-1).squeeze(-1).tolist()  # [5, 4, 3]
     beams = beam_search_hypotheses(model, src, mask, None, BOS, EOS, beam_size=2)
-    assert [len(b[0].tokens) for b in beams] == [
-        n + 50 for n in n_src
-    ]  # the paper's input length + 50
+    # the paper's input length + 50
+    assert [len(b[0].tokens) for b in beams] == [n + 50 for n in n_src]
     assert not any(h.finished for b in beams for h in b)
-    assert [len(t) for t in beam_search(model, src, mask, 6, BOS, EOS)] == [
-        5,
-        5,
-        5,
-    ]  # max_len counts <s>
+    # max_len counts <s>
+    assert [len(t) for t in beam_search(model, src, mask, 6, BOS, EOS)] == [5, 5, 5]
 
 
 def test_empty_source_gives_empty_output():
@@ -358,9 +354,8 @@ def test_sacrebleu_matches_its_command_line(tmp_path):
 
 def test_compound_splitting():
     assert split_compounds("rich-text format") == "rich ##AT##-##AT## text format"
-    assert (
-        split_compounds("a-b-c -x y- --") == "a ##AT##-##AT## b-c -x y- --"
-    )  # non-overlapping, like perl
+    # non-overlapping, like perl
+    assert split_compounds("a-b-c -x y- --") == "a ##AT##-##AT## b-c -x y- --"
     assert (
         PaperTokenizer("de")("Ein E-Mail-Programm-Handbuch, bitte.")
         == "Ein E ##AT##-##AT## Mail ##AT##-##AT## Programm ##AT##-##AT## Handbuch , bitte ."

@@ -45,9 +45,8 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
     assert results["provenance"]["training_command"].startswith(
         "python -m annotated.cli.train --config copy"
     )
-    trained_on = json.loads((copy_run / "run.json").read_text())[
-        "device"
-    ]  # "cpu" or the GPU's name
+    # "cpu" or the GPU's name
+    trained_on = json.loads((copy_run / "run.json").read_text())["device"]
     assert (
         results["provenance"]["device"] == trained_on
         and trained_on

@@ -99,9 +99,8 @@ def test_fast_attention_keeps_no_weights_and_respects_dropout_mode():
     assert torch.equal(a, b)  # no dropout in eval mode
     assert model.encoder.layers[0].self_attn.attn is None
     model.train()
-    assert not torch.equal(
-        model.encode(src, (src != PAD)[:, None]), a
-    )  # attention dropout is applied
+    # attention dropout is applied
+    assert not torch.equal(model.encode(src, (src != PAD)[:, None]), a)
 
 
 @pytest.mark.parametrize("cross", [False, True])

@@ -22,9 +22,8 @@ def test_sources_end_and_targets_are_framed():
         src_row, tgt_row = [t for t in src_row if t != PAD], [t for t in tgt_row if t != PAD]
         assert src_row[-1] == EOS and EOS not in src_row[:-1] and BOS not in src_row
         assert tgt_row[0] == BOS and tgt_row[-1] == EOS and EOS not in tgt_row[:-1]
-    assert batch.ntokens == sum(
-        len(task.tgt[i]) - 1 for i in task.epoch(0)[3]
-    )  # <s> is not predicted
+    # <s> is not predicted
+    assert batch.ntokens == sum(len(task.tgt[i]) - 1 for i in task.epoch(0)[3])
 
 
 class EchoModel(torch.nn.Module):

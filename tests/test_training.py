@@ -164,9 +164,8 @@ def test_copy_task_learns_to_copy():
     out = greedy_decode(model, test.src, test.src_mask, test.src.size(1) + 2, BOS, end_symbol=EOS)
     got = out[:, 1 : test.tgt_y.size(1) + 1]
     exact = ((got == test.tgt_y) | (test.tgt_y == PAD)).all(1).float().mean().item()
-    assert exact >= 0.9, (
-        f"only {exact:.1%} exact copies"
-    )  # typically 97-100%, whatever the CPU and threads
+    # typically 97-100%, whatever the CPU and threads
+    assert exact >= 0.9, f"only {exact:.1%} exact copies"
 
 
 def test_token_sampler_fills_each_batch_by_the_longer_side():

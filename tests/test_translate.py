@@ -134,9 +134,8 @@ def test_ctrl_c_gives_a_message_not_a_traceback(checkpoint, monkeypatch, capsys)
     import importlib
     import io
 
-    cli = importlib.import_module(
-        "annotated.cli.translate"
-    )  # the module; annotated.translate is the function
+    # the module; annotated.translate is the function
+    cli = importlib.import_module("annotated.cli.translate")
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
