@@ -1,5 +1,10 @@
 """Helpers that several test files share."""
 
+import http.server
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -27,3 +32,52 @@ def copy_attention_into(theirs: nn.MultiheadAttention, ours: MultiHeadedAttentio
     theirs.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
     theirs.out_proj.weight.copy_(ours.w_o.weight)
     theirs.out_proj.bias.copy_(ours.w_o.bias)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Serves `root`; honours `Range: bytes=N-` unless `ranges` is False; cuts the connection
+    after `cut` bytes of the next response when `cut` is set. Records each request."""
+
+    root: Path
+    ranges = True
+    cut: int | None = None
+    log: list
+
+    def do_GET(self):
+        path = self.root / self.path.lstrip("/")
+        if not path.is_file():
+            self.send_error(404)
+            return
+        body = path.read_bytes()
+        rng = self.headers.get("Range")
+        self.log.append((self.path, rng))
+        if rng and self.ranges:
+            start = int(rng.removeprefix("bytes=").split("-")[0])
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+            body = body[start:]
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if type(self).cut is not None:  # a dropped connection: part of the body, then nothing
+            body, type(self).cut = body[: type(self).cut], None
+            self.close_connection = True
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def serve(folder: Path):
+    """An HTTP server for `folder` on 127.0.0.1: yields (base URL, handler class)."""
+    handler = type("Handler", (_Handler,), {"root": folder, "log": []})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

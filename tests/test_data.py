@@ -6,10 +6,8 @@ The real data is read from $ANNOTATED_DATA, defaulting to <repo>/../shared/data.
 
 import gzip
 import hashlib
-import http.server
 import os
 import shutil
-import threading
 import unicodedata
 from pathlib import Path
 
@@ -21,6 +19,8 @@ from annotated.datasets.download import data_root, fetch, read_parallel
 from annotated.datasets.multi30k import MULTI30K_FILES, load_multi30k
 from annotated.errors import ChecksumError
 from annotated.tokenizer import UNK, load_tokenizer, train_tokenizer
+
+from helpers import serve
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("ANNOTATED_DATA") or ROOT.parent / "shared" / "data").resolve()
@@ -97,36 +97,6 @@ def test_unknown_split():
 # --- downloads, served from a temporary folder on 127.0.0.1 -------------------------------------
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """Serves `root`; honours `Range: bytes=N-` unless `ranges` is False. Records each request."""
-
-    root: Path
-    ranges = True
-    log: list
-
-    def do_GET(self):
-        path = self.root / self.path.lstrip("/")
-        if not path.is_file():
-            self.send_error(404)
-            return
-        body = path.read_bytes()
-        rng = self.headers.get("Range")
-        self.log.append((self.path, rng))
-        if rng and self.ranges:
-            start = int(rng.removeprefix("bytes=").split("-")[0])
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-            body = body[start:]
-        else:
-            self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def server(tmp_path):
     """A mirror folder (initially with true copies of two files) served over HTTP on 127.0.0.1."""
@@ -134,15 +104,8 @@ def server(tmp_path):
     for relpath in (TRAIN_EN, VAL_DE):
         (mirror / relpath).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(SHARED / relpath, mirror / relpath)
-    handler = type("Handler", (_Handler,), {"root": mirror, "log": []})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", mirror, handler
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serve(mirror) as (url, handler):
+        yield url, mirror, handler
 
 
 def test_download_verifies_and_renames(monkeypatch, tmp_path, server):

@@ -9,6 +9,7 @@ __all__ = [
     "data_root",
     "sha256_of",
     "verify_sha256",
+    "verify_file",
     "fetch",
     "read_lines",
     "decode_lines",
@@ -20,6 +21,7 @@ __all__ = [
 # and UTF-8 text reading. Every corpus module lists its own files.
 import gzip
 import hashlib
+import http.client
 import os
 import urllib.request
 import warnings
@@ -76,6 +78,18 @@ def verify_sha256(path: str | Path, expected: str) -> None:
         raise ChecksumError(f"SHA-256 mismatch for {path}: expected {expected}, got {actual}.")
 
 
+def verify_file(path: str | Path, file: RemoteFile) -> None:
+    """Check `path` against `file`: its SHA-256, or, where none is published (`sha256=""`), at
+    least its size."""
+    if file.sha256:
+        verify_sha256(path, file.sha256)
+    elif file.size and Path(path).stat().st_size != file.size:
+        raise ChecksumError(
+            f"size mismatch for {path}: expected {file.size:,} bytes, "
+            f"got {Path(path).stat().st_size:,}."
+        )
+
+
 # %% ../../notebooks/08_multi30k_data.ipynb #c007c
 def _download(
     url: str, part: Path, size: int, progress: bool, desc: str, timeout: float = 60
@@ -83,7 +97,7 @@ def _download(
     """Fill `part` with the bytes at `url`, resuming from what `part` already holds.
     Returns the number of bytes received now (0: `part` was already complete)."""
     have = part.stat().st_size if part.exists() else 0
-    if have >= size:  # complete already (or too long: the checksum will tell)
+    if size and have >= size:  # complete already (or too long: the checksum will tell)
         return 0
     headers = {"User-Agent": "annotated-transformer-book"}
     if have:
@@ -113,6 +127,8 @@ def _download(
             for block in iter(lambda: response.read(1 << 16), b""):
                 out.write(block)
                 bar.update(len(block))
+    if size and part.stat().st_size < size:  # the connection ended early
+        raise http.client.IncompleteRead(b"", size - part.stat().st_size)
     return part.stat().st_size - have
 
 
@@ -135,7 +151,7 @@ def fetch(
     root = Path(root) if root is not None else data_root()
     path = root / relpath
     if path.is_file():
-        verify_sha256(path, entry.sha256)
+        verify_file(path, entry)
         return path
     if download is None:
         download = DATA_ENV not in os.environ
@@ -150,14 +166,21 @@ def fetch(
     url = f"{base_url.rstrip('/')}/{relpath}" if base_url else entry.url
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(path.name + ".part")
-    received = _download(url, part, entry.size, progress, relpath)
     try:
-        verify_sha256(part, entry.sha256)
+        received = _download(url, part, entry.size, progress, relpath)
+    except (OSError, http.client.HTTPException) as e:  # refused, timed out, cut off
+        have = part.stat().st_size if part.exists() else 0
+        raise DataError(
+            f"downloading {url} failed after {have:,} bytes ({type(e).__name__}: {e}). What "
+            f"arrived is kept in {part}: run again to resume from there."
+        ) from None
+    try:
+        verify_file(part, entry)
     except ChecksumError as e:
         part.unlink(missing_ok=True)
         origin = (
             f"was downloaded from {url}"
-            if received >= entry.size
+            if entry.size and received >= entry.size
             else f"was completed from {url} "
             f"({received:,} bytes now, the rest from an earlier attempt)"
             if received
