@@ -97,8 +97,8 @@ def clean_corpora(corpora: dict[str, dict[str, Path]], langs: tuple[str, str], o
     seen: set[bytes] = set()  # 8-byte digests of the pairs kept so far
     rows = []
     for name, files in corpora.items():
-        paths = tuple(out / f"{name}.{lang}" for lang in langs)
-        tmp = tuple(p.with_name(p.name + ".tmp") for p in paths)
+        paths = (out / f"{name}.{langs[0]}", out / f"{name}.{langs[1]}")
+        tmp = (out / f"{name}.{langs[0]}.tmp", out / f"{name}.{langs[1]}.tmp")
         rows.append(_clean_one((files[langs[0]], files[langs[1]]), tmp, seen, name))
         for t, p in zip(tmp, paths):
             os.replace(t, p)

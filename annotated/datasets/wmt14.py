@@ -8,6 +8,7 @@ __all__ = [
     "SCALE_ENV",
     "Corpus",
     "default_scale",
+    "wmt14_folder",
     "fetch_archive",
     "extract_members",
     "raw_files",
@@ -178,6 +179,12 @@ def default_scale() -> str:
         return chosen
     gpu = torch.cuda.is_available() and os.environ.get("ANNOTATED_BOOK") != "1"
     return "full" if gpu else "sample"
+
+
+def wmt14_folder(pair: str, scale: str) -> Path:
+    """Where a language pair's data is prepared by default: the cache folder, never the data
+    folder, which may be a read-only shared copy."""
+    return cache_dir() / "wmt14" / f"{pair}-{scale}"
 
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c010
