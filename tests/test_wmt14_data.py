@@ -2,6 +2,7 @@
 extraction, cleaning, the encoded binary format, and preparation end to end. No internet."""
 
 import errno
+import gzip
 import hashlib
 import io
 import json
@@ -66,8 +67,6 @@ def _small_archives(folder: Path, x: str = "de") -> dict[str, RemoteFile]:
     for k, (name, corpus) in enumerate(train.items()):
         lines = {"en": _lines(en, 300, 300 * k), x: _lines(xx, 300, 300 * k)}
         if name == "giga-fren":  # compressed inside the tar, as the real one is
-            import gzip
-
             lines = {lang: gzip.compress(data) for lang, data in lines.items()}
         contents[name] = {corpus.members[lang]: lines[lang] for lang in ("en", x)}
     dev = WMT14_PAIRS[f"en-{x}"]

@@ -126,10 +126,9 @@ class EncodedCorpus:
 
     def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Source and target ids of pair `i` (views into the memory map)."""
-        offset, n_src, n_tgt = (int(v) for v in self.index[i])
-        return self.tokens[offset : offset + n_src], self.tokens[
-            offset + n_src : offset + n_src + n_tgt
-        ]
+        start, n_src, n_tgt = (int(v) for v in self.index[i])
+        middle = start + n_src
+        return self.tokens[start:middle], self.tokens[middle : middle + n_tgt]
 
 
 def is_encoded(folder, fingerprint: str) -> bool:

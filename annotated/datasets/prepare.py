@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..tokenizer import TOKENIZER_OPTIONS, Tokenizer, load_tokenizer, train_tokenizer
-from .cleaning import clean_corpora, sample_pairs
+from .cleaning import clean_corpora, read_pairs, sample_pairs
 from .encoded import EncodedCorpus, is_encoded, write_encoded
 from .wmt14 import default_scale, load_test_set, raw_files, wmt14_folder
 
@@ -62,12 +62,6 @@ def _tokenizer(folder: Path, cleaning: dict, langs, vocab_size: int, sentences: 
     return load_tokenizer(path)
 
 
-def _read_pairs(files: list[tuple[Path, Path]]):
-    for src_path, tgt_path in files:
-        with open(src_path, encoding="utf-8") as a, open(tgt_path, encoding="utf-8") as b:
-            yield from ((s.rstrip("\n"), t.rstrip("\n")) for s, t in zip(a, b))
-
-
 # %% ../../notebooks/10_wmt14_data.ipynb #c044
 def prepare_wmt14(
     pair: str = "en-de",
@@ -91,7 +85,7 @@ def prepare_wmt14(
     vocab_size = vocab_size or (VOCAB[pair] if scale == "full" else SAMPLE_VOCAB)
     tokenizer = _tokenizer(folder, cleaning, langs, vocab_size, tokenizer_sentences, seed)
     sources = {
-        "train": lambda: _read_pairs(_cleaned(folder / "clean", cleaning, langs)),
+        "train": lambda: read_pairs(_cleaned(folder / "clean", cleaning, langs)),
         "dev": lambda: load_test_set(raw["dev"], pair),
     }
     encoded = {}
