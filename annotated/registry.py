@@ -26,3 +26,17 @@ def build_config(name: str, overrides=()) -> TrainConfig:
             f"unknown configuration {name!r}; choose one of: {', '.join(sorted(CONFIGS))}"
         )
     return apply_overrides(CONFIGS[name](), overrides)
+
+
+# %% ../notebooks/11_wmt14_training.ipynb #c031
+from annotated.tasks.wmt14 import (
+    Wmt14Task,
+    wmt14_base_config,
+    wmt14_big_config,
+    wmt14_enfr_big_config,
+)
+
+TASKS["wmt14"] = Wmt14Task
+CONFIGS["wmt14-base"] = wmt14_base_config
+CONFIGS["wmt14-big"] = wmt14_big_config
+CONFIGS["wmt14-enfr-big"] = wmt14_enfr_big_config

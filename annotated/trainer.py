@@ -29,7 +29,7 @@ from annotated.checkpoints import (
 )
 
 from .batching import PAD
-from .config import TrainConfig, validate_config
+from .config import TrainConfig, micro_batches_per_process, validate_config
 from .distributed import all_sum, setup_distributed
 from .errors import ConfigError, TrainingError
 from .fast import make_fast
@@ -67,7 +67,8 @@ def _check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
     if run_file.exists():
         saved = read_json(run_file).get("config", {})
         mine = asdict(cfg)
-        differ = [k for k in ("task", "model", "vocab", "seed") if saved.get(k) != mine.get(k)]
+        what = ("task", "pair", "data", "model", "vocab", "seed")
+        differ = [k for k in what if saved.get(k) != mine.get(k)]
         if differ:
             raise TrainingError(
                 f"{out} holds a run with a different {', '.join(differ)}; resume it with its own "
@@ -96,6 +97,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     criterion: LabelSmoothing
+    accum: int  # micro-batches per process and step
     step: int = 0
 
 
@@ -104,7 +106,8 @@ def _build(cfg: TrainConfig, world: int, device: torch.device) -> _Run:
     if cfg.task not in TASKS:
         raise ConfigError(f"unknown task {cfg.task!r}; choose one of: {', '.join(sorted(TASKS))}")
     task = TASKS[cfg.task](cfg)
-    task.per_step = world * cfg.accum  # micro-batches per optimiser step, all ranks
+    accum = micro_batches_per_process(cfg, world)
+    task.per_step = world * accum  # micro-batches per optimiser step, all ranks
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = make_model(task.src_vocab, task.tgt_vocab, **asdict(cfg.model)).to(device)
     if cfg.fast:
@@ -119,7 +122,8 @@ def _build(cfg: TrainConfig, world: int, device: torch.device) -> _Run:
         fused=True if cfg.fused_adam else None,
     )
     loss = FusedLabelSmoothing if cfg.fast else LabelSmoothing
-    return _Run(task, model, optimizer, scheduler, loss(task.tgt_vocab, PAD, cfg.label_smoothing))
+    criterion = loss(task.tgt_vocab, PAD, cfg.label_smoothing)
+    return _Run(task, model, optimizer, scheduler, criterion, accum)
 
 
 # %% ../notebooks/06c_trainer.ipynb #c015b3
@@ -147,7 +151,7 @@ def _resume(run: _Run, path: Path) -> None:
 def _step(run: _Run, model, cfg: TrainConfig, rank: int, world: int, device, autocast):
     """One optimiser step -> (mean loss per target token, learning rate used, target tokens)."""
     torch.manual_seed(cfg.seed * 1_000_003 + run.step * 7_919 + rank)  # masks follow the step
-    index = range(rank * cfg.accum, (rank + 1) * cfg.accum)  # this process's micro-batches
+    index = range(rank * run.accum, (rank + 1) * run.accum)  # this process's micro-batches
     micro = [run.task.micro_batch(run.step, j).to(device) for j in index]
     total_tokens = int(all_sum(sum(b.ntokens for b in micro), world, device))
     lr = run.scheduler.get_last_lr()[0]  # the rate this step's update uses

@@ -71,6 +71,7 @@ from annotated.multihead import MultiHeadedAttention
 from annotated.provenance import provenance
 from annotated.schedule import make_optimizer
 from annotated.step import loss_on_batch
+from annotated.throughput import matmul_rate, model_flops
 
 PRESETS = {  # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target tokens per batch
     "quick": dict(vocab=500, N=1, d_model=64, d_ff=128, h=4, norm_first=False, tokens=400),
@@ -177,39 +178,6 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None):
             targets.append(torch.randint(3, vocab, (lengths[i][1],), generator=g).tolist())
         out.append(make_batch(sources, targets))
     return out
-
-
-def model_flops(b: Batch, *, vocab, N, d_model, d_ff, **_) -> float:
-    """Training FLOPs of one step on batch b, padding excluded (formula in the module docstring)."""
-    s = (b.src != PAD).sum(1).double()  # source lengths
-    t = (b.tgt_y != PAD).sum(1).double()  # target lengths
-    S, T = s.sum().item(), t.sum().item()
-    d = d_model
-    enc = N * (4 * d * d + 2 * d * d_ff) * S
-    # self (4), cross Q,O (2); K,V on source
-    dec = N * ((4 * d * d + 2 * d * d + 2 * d * d_ff) * T + 2 * d * d * S)
-    linear = 6 * (enc + dec + d * vocab * T)
-    pairs = N * ((s * s).sum() + (t * (t + 1) / 2).sum() + (t * s).sum()).item()
-    return linear + 3 * 4 * d * pairs
-
-
-def matmul_rate(device) -> float:
-    """Measured FLOP/s of a large square matmul: float32 on CPU, bfloat16 on CUDA."""
-    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (1024, torch.float32)
-    a, b = (
-        torch.randn(n, n, device=device, dtype=dtype),
-        torch.randn(n, n, device=device, dtype=dtype),
-    )
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(3):
-        a @ b
-    sync()
-    reps, t = 0, time.perf_counter()
-    while time.perf_counter() - t < 1.0 or reps < 3:
-        a @ b
-        reps += 1
-        sync()
-    return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
 def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fast=False):

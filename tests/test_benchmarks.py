@@ -7,12 +7,10 @@ from pathlib import Path
 
 import torch
 
+from annotated.batching import PAD, Batch
+from annotated.throughput import model_flops
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from annotated.batching import PAD, Batch  # noqa: E402
-
-import train_step  # noqa: E402
 
 
 def test_train_step_benchmark_quick(tmp_path):
@@ -54,11 +52,11 @@ def test_model_flops_counts_real_tokens_only():
         + d * V * sum(t)
     )
     pairs = N * sum(si * si + ti * (ti + 1) / 2 + ti * si for si, ti in zip(s, t))
-    assert train_step.model_flops(b, **cfg) == linear + 12 * d * pairs
+    assert model_flops(b, **cfg) == linear + 12 * d * pairs
     wider = Batch(
         torch.cat([src, torch.full((2, 3), PAD)], 1),
         torch.cat([tgt, torch.full((2, 3), PAD)], 1),
         PAD,
     )
     # padding costs no model FLOPs
-    assert train_step.model_flops(wider, **cfg) == train_step.model_flops(b, **cfg)
+    assert model_flops(wider, **cfg) == model_flops(b, **cfg)

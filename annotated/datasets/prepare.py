@@ -6,6 +6,7 @@ __all__ = ["VOCAB", "SAMPLE_VOCAB", "TOKENIZER_SENTENCES", "Prepared", "prepare_
 # %% ../../notebooks/10_wmt14_data.ipynb #c002c
 # WMT14 from archives to training data: raw text, cleaning, a shared BPE vocabulary learned on a
 # random sample, and every split encoded once. Each step skips work that is already verified.
+import fcntl
 import hashlib
 import json
 from dataclasses import dataclass
@@ -80,17 +81,22 @@ def prepare_wmt14(
     folder = Path(folder) if folder else wmt14_folder(pair, scale)
     src, tgt = pair.split("-")
     langs = (src, tgt)
-    raw = raw_files(pair, scale, folder / "raw", **source_kwargs)
-    cleaning = clean_corpora(raw["train"], langs, folder / "clean")
-    vocab_size = vocab_size or (VOCAB[pair] if scale == "full" else SAMPLE_VOCAB)
-    tokenizer = _tokenizer(folder, cleaning, langs, vocab_size, tokenizer_sentences, seed)
-    sources = {
-        "train": lambda: read_pairs(_cleaned(folder / "clean", cleaning, langs)),
-        "dev": lambda: load_test_set(raw["dev"], pair),
-    }
-    encoded = {}
-    for split, pairs in sources.items():
-        encoded[split] = folder / "encoded" / split
-        if not is_encoded(encoded[split], tokenizer.fingerprint):
-            write_encoded(encoded[split], pairs(), tokenizer, about={"pair": pair, "split": split})
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "prepare.lock", "a") as lock:  # one process at a time; the others wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        raw = raw_files(pair, scale, folder / "raw", **source_kwargs)
+        cleaning = clean_corpora(raw["train"], langs, folder / "clean")
+        vocab_size = vocab_size or (VOCAB[pair] if scale == "full" else SAMPLE_VOCAB)
+        tokenizer = _tokenizer(folder, cleaning, langs, vocab_size, tokenizer_sentences, seed)
+        sources = {
+            "train": lambda: read_pairs(_cleaned(folder / "clean", cleaning, langs)),
+            "dev": lambda: load_test_set(raw["dev"], pair),
+        }
+        encoded = {}
+        for split, pairs in sources.items():
+            encoded[split] = folder / "encoded" / split
+            if not is_encoded(encoded[split], tokenizer.fingerprint):
+                write_encoded(
+                    encoded[split], pairs(), tokenizer, about={"pair": pair, "split": split}
+                )
     return Prepared(pair, scale, folder, tokenizer, encoded, raw, cleaning)
