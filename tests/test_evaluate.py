@@ -29,7 +29,7 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
         ("10 11 12 3 4", "10 11 12 3 4"),
         ("5 5 6", "5 5 6"),
     ]
-    monkeypatch.setattr(CopyTask, "test_sets", {"toy": lambda: pairs})
+    monkeypatch.setattr(CopyTask, "test_sets", {"toy": lambda cfg: pairs})
     report = evaluate.evaluate_run(copy_run, last=3)
     assert report["checkpoints"] == ["ckpt_00000200.pt", "ckpt_00000300.pt", "ckpt_00000400.pt"]
     toy = report["tests"]["toy"]
@@ -138,7 +138,7 @@ def test_bleu_cli_strips_a_byte_order_mark_and_names_bad_bytes(tmp_path):
 def test_cli_turns_missing_data_and_ctrl_c_into_messages(copy_run, monkeypatch, capsys):
     from annotated.errors import DataError
 
-    def missing():
+    def missing(cfg):
         raise DataError("toy.de not found: looked for /nowhere/toy.de")
 
     monkeypatch.setattr(CopyTask, "test_sets", {"toy": missing})

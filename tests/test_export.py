@@ -74,7 +74,7 @@ def test_import_annotated_loads_no_command_line():
     assert not [m for m in modules if m.startswith("annotated.cli")], modules
 
 
-@pytest.mark.parametrize("command", ["train", "translate", "evaluate", "bleu"])
+@pytest.mark.parametrize("command", ["train", "translate", "evaluate", "bleu", "prepare"])
 def test_every_command_runs_clean_with_warnings_as_errors(command):
     r = subprocess.run(
         [sys.executable, "-W", "error", "-m", f"annotated.cli.{command}", "--help"],

@@ -60,7 +60,7 @@ def evaluate_run(
         "translations": {},
     }
     for name, load in test_sets.items():
-        pairs = load()
+        pairs = load(cfg)
         start = time.time()
         hyps = translate(
             model,

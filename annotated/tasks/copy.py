@@ -65,7 +65,7 @@ class IdTokenizer:
 class CopyTask:
     """Random copy-task batches, a pure function of (seed, step, index)."""
 
-    test_sets: dict = {}  # name -> () -> [(source, reference)]; none for a toy task
+    test_sets: dict = {}  # name -> (cfg) -> [(source, reference)]; none for a toy task
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg

@@ -48,9 +48,9 @@ class Multi30kTask:
         )
         self._epochs: list[list[list[int]]] = []
 
-    test_sets = {  # name -> () -> [(source, reference)]
-        "test2016": lambda: load_multi30k("test_2016_flickr"),
-        "test2017": lambda: load_multi30k("test_2017_flickr"),
+    test_sets = {  # name -> (cfg) -> [(source, reference)]
+        "test2016": lambda cfg: load_multi30k("test_2016_flickr"),
+        "test2017": lambda cfg: load_multi30k("test_2017_flickr"),
     }
 
     @staticmethod

@@ -1,0 +1,289 @@
+"""WMT14 training: the length-bucketed sampler, the task across ranks, automatic accumulation,
+two processes against one with twice the accumulation, the launch helpers and the preparation
+command line. Everything runs on the shared 10k-pair sample, on CPU."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from annotated.batching import BOS, EOS, PAD, BucketSampler
+from annotated.config import micro_batches_per_process
+from annotated.errors import ConfigError, TrainingError
+from annotated.launch import launch, slurm_script, torchrun_command
+from annotated.registry import TASKS, build_config
+from annotated.throughput import measure_throughput
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("ANNOTATED_DATA") or ROOT.parent / "shared" / "data").resolve()
+TINY = ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "model.dropout=0"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A private cache with the sample prepared once (nothing is written into the shared data)."""
+    folder = tmp_path_factory.mktemp("xdg-cache")
+    env = dict(os.environ, ANNOTATED_DATA=str(SHARED), XDG_CACHE_HOME=str(folder))
+    r = subprocess.run(
+        [sys.executable, "-m", "annotated.cli.prepare", "--config", "wmt14-base"]
+        + ["--set", "data=sample"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "9,709 training pairs" in r.stdout
+    return folder
+
+
+@pytest.fixture
+def sample_env(cache, monkeypatch):
+    monkeypatch.setenv("ANNOTATED_DATA", str(SHARED))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+
+
+def test_bucket_sampler_respects_both_limits_and_covers_every_pair_once():
+    rng = np.random.default_rng(0)
+    lengths = np.stack([rng.integers(1, 60, 3000), rng.integers(1, 70, 3000)], 1)
+    lengths[7] = [300, 5]  # longer than max_len: left out
+    sampler = BucketSampler(lengths, budget=900, max_tokens=1200, max_len=128, seed=3)
+    assert sampler.skipped == 1 and 7 not in sampler.kept
+    epochs = [sampler.batches(e) for e in range(3)]
+    for batches in epochs:
+        ids = np.concatenate(batches)
+        assert sorted(ids.tolist()) == sampler.kept.tolist()  # every kept pair, once
+        for b in batches:
+            real = lengths[b].sum(0)
+            assert len(b) == 1 or real.max() <= 900
+            assert len(b) * lengths[b].max() <= 1200  # padded tokens a side
+    # the order depends on (seed, epoch) only
+    assert [b.tolist() for b in epochs[1]] == [b.tolist() for b in sampler.batches(1)]
+    assert [b.tolist() for b in epochs[0]] != [b.tolist() for b in epochs[1]]
+    # batches are packed tightly: few micro-batches end far below the budget
+    sizes = np.array([lengths[b].sum(0).max() for b in epochs[0]])
+    assert np.mean(sizes > 900 - 140) > 0.9, np.mean(sizes)
+
+
+def test_a_pair_over_the_budget_is_batched_alone():
+    sampler = BucketSampler([[5, 5], [50, 40], [6, 6]], budget=20, max_tokens=64)
+    batches = sorted(b.tolist() for b in sampler.batches(0))
+    assert batches == [[0, 2], [1]]
+
+
+def test_automatic_accumulation_and_its_checks():
+    cfg = build_config("wmt14-base")
+    assert (cfg.accum, cfg.tokens_per_step, cfg.max_tokens) == (0, 25_000, 8192)
+    assert [micro_batches_per_process(cfg, w) for w in (1, 2, 4, 8)] == [4, 2, 1, 1]
+    assert micro_batches_per_process(build_config("wmt14-base", ["accum=3"]), 8) == 3
+    for bad, key in (
+        (["tokens_per_step=0"], "accum"),
+        (["tokens_per_step=-5", "accum=1"], "tokens_per_step"),
+        (["data=huge"], "data"),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            build_config("wmt14-base", bad)
+
+
+def test_paper_configurations():
+    base, big, enfr = (build_config(n) for n in ("wmt14-base", "wmt14-big", "wmt14-enfr-big"))
+    assert (base.model.d_model, base.model.d_ff, base.model.h, base.model.dropout) == (
+        512,
+        2048,
+        8,
+        0.1,
+    )
+    assert (big.model.d_model, big.model.d_ff, big.model.h, big.model.dropout) == (
+        1024,
+        4096,
+        16,
+        0.3,
+    )
+    assert enfr.pair == "en-fr" and enfr.model.dropout == 0.1 and enfr.model.d_model == 1024
+    for c in (base, big, enfr):
+        assert (c.warmup, c.label_smoothing, c.adam_beta2, c.adam_eps) == (4000, 0.1, 0.98, 1e-9)
+        assert c.tokens_per_step == 25_000 and c.checkpoint_minutes == 10
+        assert not c.model.norm_first  # post-norm, as in the paper
+    assert (base.max_steps, base.keep_last, big.max_steps, big.keep_last) == (
+        100_000,
+        5,
+        300_000,
+        20,
+    )
+
+
+def test_task_visits_every_pair_once_per_epoch_across_ranks(sample_env):
+    cfg = build_config("wmt14-base", ["data=sample", "tokens_per_step=4000", "max_tokens=2048"])
+
+    def steps(per_process, processes):
+        task = TASKS["wmt14"](cfg)
+        task.per_step = per_process * processes
+        out = []
+        while not out or out[-1]:
+            ids = []
+            for rank in range(processes):
+                for index in range(rank * per_process, (rank + 1) * per_process):
+                    epoch, position = task.locate(len(out) * task.per_step + index)
+                    ids += task.epoch(epoch)[position].tolist() if epoch == 0 else []
+            out.append(sorted(ids))
+        return out[:-1], task
+
+    four_ranks, task = steps(1, 4)
+    one_rank, _ = steps(4, 1)
+    assert four_ranks == one_rank
+    seen = sorted(i for s in four_ranks for i in s)
+    assert seen == task.sampler.kept.tolist() and len(seen) == 9709
+    # a micro-batch holds the encoded pairs, framed: source ... </s>, <s> target ... </s>
+    batch = task.micro_batch(0, 0)
+    first = task.epoch(0)[0][0]
+    src, tgt = task.corpus.pair(first)
+    assert batch.src[0][batch.src[0] != PAD].tolist() == [*src.tolist(), EOS]
+    full_target = [BOS, *tgt.tolist(), EOS]
+    assert batch.tgt[0][: len(full_target) - 1].tolist() == full_target[:-1]
+    assert batch.src.shape[0] * batch.src.shape[1] <= 2048
+
+
+def test_locate_walks_across_epochs(sample_env):
+    cfg = build_config("wmt14-base", ["data=sample", "tokens_per_step=20000"])
+    task = TASKS["wmt14"](cfg)
+    task.per_step = 1
+    n0 = len(task.epoch(0))
+    assert task.locate(n0 - 1) == (0, n0 - 1)
+    assert task.locate(n0) == (1, 0)
+    n1 = len(task.epoch(1))
+    assert task.locate(n0 + n1 + 2) == (2, 2)
+
+
+def _train(out: Path, env, *args, launcher=None):
+    cmd = (launcher or [sys.executable, "-m"]) + ["annotated.cli.train", "--no-progress"]
+    r = subprocess.run(cmd + list(args) + ["--out", str(out)], capture_output=True, text=True,
+                       env=env, timeout=600)  # fmt: skip
+    return r
+
+
+def _sets(*items):
+    return [a for item in items for a in ("--set", item)]
+
+
+def test_two_processes_equal_one_process_with_twice_the_accumulation(sample_env, tmp_path):
+    common = ["--config", "wmt14-base", *_sets("data=sample", *TINY, "tokens_per_step=1500")]
+    common += _sets("max_tokens=1024", "max_steps=4", "warmup=2", "log_every=1")
+    one = _train(tmp_path / "one", sample_env, *common, *_sets("accum=2"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun += ["--nproc_per_node", "2", "-m"]
+    two = _train(tmp_path / "two", sample_env, *common, *_sets("accum=1"), launcher=torchrun)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "run.json").read_text())["world_size"] == 2
+
+    def last(out):
+        path = sorted((out / "checkpoints").glob("ckpt_*.pt"))[-1]
+        return torch.load(path, weights_only=True)["model"]
+
+    a, b = last(tmp_path / "one"), last(tmp_path / "two")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6, msg=k)
+    losses = [
+        [json.loads(line)["loss"] for line in open(out / "metrics.jsonl")]
+        for out in (tmp_path / "one", tmp_path / "two")
+    ]
+    assert np.allclose(losses[0], losses[1], rtol=1e-5) and len(losses[0]) == 4
+
+
+def test_resume_refuses_another_pair_or_scale(sample_env, tmp_path):
+    args = ["--config", "copy", *_sets("model.N=1", "model.d_model=16", "model.d_ff=32")]
+    args += _sets("model.h=2", "max_steps=2", "batch_sentences=4")
+    assert _train(tmp_path, sample_env, *args).returncode == 0
+    for change in ("pair=en-fr", "data=full"):
+        r = _train(tmp_path, sample_env, *args, *_sets(change, "max_steps=3"), "--resume")
+        assert r.returncode == 2 and f"different {change.split('=')[0]}" in r.stderr, r.stderr
+
+
+def test_prepare_command_line_messages(sample_env):
+    def prepare(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "annotated.cli.prepare", *args],
+            capture_output=True,
+            text=True,
+            env=sample_env,
+            timeout=300,
+        )
+
+    r = prepare("--config", "copy")
+    assert r.returncode == 0 and "nothing to do" in r.stdout
+    r = prepare("--config", "wmt14-base", "--set", "pair=en-xx")
+    assert r.returncode == 2 and "en-xx" in r.stderr and "Traceback" not in r.stderr
+    r = prepare("--config", "wmt14-enfr-big", "--set", "data=sample")
+    assert r.returncode == 2 and "English-German only" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_processes_preparing_at_once_take_turns(tmp_path):
+    env = dict(os.environ, ANNOTATED_DATA=str(SHARED), XDG_CACHE_HOME=str(tmp_path))
+    cmd = [sys.executable, "-m", "annotated.cli.prepare", "--config", "wmt14-base"]
+    procs = [
+        subprocess.Popen(cmd + ["--set", "data=sample"], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    fingerprints = {line.rsplit(" ", 1)[-1] for line in outputs}
+    assert len(fingerprints) == 1, outputs
+
+
+def test_torchrun_command_for_one_and_several_machines():
+    one = torchrun_command("wmt14-base", "runs/x", gpus=8, overrides=["max_steps=10"])
+    assert one[1:4] == ["-m", "torch.distributed.run", "--nproc_per_node=8"]
+    assert "--standalone" in one and one[-1] == "--no-progress"
+    assert one[one.index("--set") + 1] == "max_steps=10"
+    two = torchrun_command("wmt14-big", "runs/y", gpus=4, nodes=2, rendezvous="n1:29500")
+    assert "--nnodes=2" in two and "--rdzv_endpoint=n1:29500" in two and "--standalone" not in two
+    assert torchrun_command("copy", "runs/z", gpus=1, resume=True)[-1] == "--resume"
+    with pytest.raises(ConfigError, match="rendezvous"):
+        torchrun_command("wmt14-big", "runs/y", nodes=2)
+
+
+def test_slurm_script_is_valid_bash_and_resumes(tmp_path):
+    script = slurm_script(
+        "wmt14-big", "runs/big run", nodes=4, overrides=["max_steps=10"], partition="gpu"
+    )
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    assert "#SBATCH --nodes=4" in script and "#SBATCH --partition=gpu" in script
+    assert "--nnodes=4 --nproc_per_node=8" in script
+    assert "python -m annotated.cli.prepare --config wmt14-big --set max_steps=10" in script
+    assert "--out 'runs/big run'" in script and "echo --resume" in script
+
+
+def test_launch_streams_the_log_and_returns_the_records(tmp_path, capsys):
+    out = tmp_path / "copy"
+    command = [sys.executable, "-m", "annotated.cli.train", "--config", "copy", "--out", str(out)]
+    command += _sets("model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2")
+    command += _sets("max_steps=6", "log_every=2", "batch_sentences=4") + ["--no-progress"]
+    records = launch(command, out, plot=False, refresh=0)
+    assert [r["step"] for r in records] == [2, 4, 6]
+    printed = capsys.readouterr().out
+    assert printed.startswith("$ python -m annotated.cli.train") and "done: step 6/6" in printed
+    assert printed.count("target tokens/s\n") == 3
+    with pytest.raises(TrainingError, match="exited with code 2"):
+        launch(command, out, plot=False)  # the folder holds a run: the trainer refuses
+    assert "already holds checkpoints" in capsys.readouterr().out
+
+
+def test_measure_throughput_reports_a_step():
+    cfg = build_config("copy", ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2"])
+    m = measure_throughput(cfg, steps=2, device="cpu")
+    assert m["seconds_per_step"] > 0 and m["target_tokens_per_s"] > 0
+    task = TASKS["copy"](cfg)  # the timed steps are 1 and 2; step 0 warms up
+    assert (
+        m["target_tokens_per_step"]
+        == (task.micro_batch(1, 0).ntokens + task.micro_batch(2, 0).ntokens) / 2
+    )
+    assert 0 < m["mfu"] < 1 and m["micro_batches_per_step"] == 1
+    assert m["projected_hours"] == pytest.approx(cfg.max_steps * m["seconds_per_step"] / 3600)
