@@ -8,6 +8,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "load_weights",
+    "read_metrics",
     "read_json",
     "all_finite",
     "lock_out_dir",
@@ -127,6 +128,27 @@ def load_weights(model: torch.nn.Module, weights: dict, source) -> None:
             f"{'; '.join(details[:3])}{more}. It was written for another architecture "
             f"(see the run's run.json) or by another version of this code."
         ) from None
+
+
+def read_metrics(path: Path) -> tuple[list[dict], str]:
+    """The records of a metrics log (metrics.jsonl) and its text, without a last line cut short."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError as e:
+        raise TrainingError(
+            f"{path} is not UTF-8 ({e}); it is written by python -m annotated.cli.train."
+        ) from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines) or line.endswith("\n"):
+                raise TrainingError(
+                    f"{path}: line {number} is not JSON; repair or remove that line."
+                ) from None
+            lines = lines[:-1]  # half-written
+    return records, "".join(lines)
 
 
 def read_json(path: Path) -> dict:

@@ -6,7 +6,6 @@ __all__ = ["torchrun_command", "launch", "slurm_script"]
 # %% ../notebooks/11_wmt14_training.ipynb #c002a
 # Training started from a notebook cell: the torchrun command for every GPU of this machine or of
 # several, a SLURM batch script, and a launcher that streams the run's log and redraws its loss.
-import json
 import os
 import shlex
 import signal
@@ -20,6 +19,7 @@ import altair as alt
 import pandas as pd
 import torch
 
+from .checkpoints import read_metrics
 from .errors import ConfigError, TrainingError
 
 
@@ -56,11 +56,8 @@ def torchrun_command(
 
 # %% ../notebooks/11_wmt14_training.ipynb #c060
 def _records(path: Path) -> list[dict]:
-    """The metrics log's complete lines (the last one may be half-written while training)."""
-    if not path.is_file():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    return [json.loads(line) for line in lines if line.endswith("\n")]
+    """The metrics log's records so far (none before the first is written)."""
+    return read_metrics(path)[0] if path.is_file() else []
 
 
 def _loss_chart(records: list[dict], title: str):

@@ -51,14 +51,16 @@ def matmul_rate(device) -> float:
 # %% ../notebooks/11_wmt14_training.ipynb #c041
 def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict:
     """Time `steps` optimiser steps of `cfg` in one process on this machine, after one untimed
-    step, and project the whole run (max_steps) from the median, for one and for `gpus` GPUs."""
+    step, and project the whole run (max_steps) from the median step time."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     run = _build(cfg, 1, device)
     autocast, m = _autocast(cfg, device), cfg.model
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times, flops, tokens = [], 0.0, 0
     for i in range(steps + 1):
-        batches = [run.task.micro_batch(run.step, j) for j in range(run.accum)]
+        if i:  # the timed step's micro-batches, for its FLOPs (a pure function of the step)
+            batches = [run.task.micro_batch(run.step, j) for j in range(run.accum)]
+            flops += sum(model_flops(b, vocab=run.task.tgt_vocab, **vars(m)) for b in batches)
         sync()
         start = time.perf_counter()
         _, _, step_tokens = _step(run, run.model, cfg, 0, 1, device, autocast)
@@ -66,7 +68,6 @@ def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict
         if i:  # the first step warms up kernels and allocator
             times.append(time.perf_counter() - start)
             tokens += step_tokens
-            flops += sum(model_flops(b, vocab=run.task.tgt_vocab, **vars(m)) for b in batches)
     seconds = sorted(times)[len(times) // 2]
     return {
         "seconds_per_step": seconds,

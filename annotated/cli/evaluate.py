@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..bleu import lowercase_tokenized_bleu, sacrebleu_score
-from ..checkpoints import checkpoint_paths, read_json, write_text_atomic
+from ..checkpoints import checkpoint_paths, read_json, read_metrics, write_text_atomic
 from ..errors import ExpectedError, TrainingError
 from ..provenance import git_commit
 from ..registry import TASKS
@@ -99,25 +99,8 @@ def read_run(run_dir) -> tuple[dict, list[dict], str]:
                 f"{run_dir / needed} is missing; is {run_dir} the --out folder of a training run?"
             )
     run = read_json(run_dir / "run.json")
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-    except UnicodeDecodeError as e:
-        raise TrainingError(
-            f"{run_dir / 'metrics.jsonl'} is not UTF-8 ({e}); it is written by "
-            f"python -m annotated.cli.train."
-        ) from None
-    metrics = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            metrics.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number < len(lines) or line.endswith("\n"):
-                raise TrainingError(
-                    f"{run_dir / 'metrics.jsonl'}: line {number} is not JSON; "
-                    f"repair or remove that line."
-                ) from None
-            lines = lines[:-1]  # half-written by a killed run
-    return run, metrics, "".join(lines)
+    metrics, text = read_metrics(run_dir / "metrics.jsonl")
+    return run, metrics, text
 
 
 # %% ../../notebooks/09b_multi30k_results.ipynb #c023b

@@ -74,7 +74,7 @@ class Wmt14Task:
         return self._sampler
 
     def epoch(self, e: int) -> list[np.ndarray]:
-        if self._epoch[0] != e:  # one epoch is kept: the batches of 4.5M pairs take a second
+        if self._epoch[0] != e:  # one epoch is kept: the batches of 4.5M pairs take seconds
             self._epoch = (e, self.sampler.batches(e))
         return self._epoch[1]
 
