@@ -50,23 +50,28 @@ def split_compounds(line: str) -> str:
 
 class PaperTokenizer:
     """The tokenisation of tensor2tensor's get_ende_bleu.sh: Unicode punctuation replaced,
-    Moses tokenizer (-l lang), hyphenated compounds split with ##AT##."""
+    Moses tokenizer (-l lang), hyphenated compounds split with ##AT## (unless compound_split
+    is False: plain tokenized BLEU)."""
 
-    def __init__(self, lang: str = "de"):
+    def __init__(self, lang: str = "de", *, compound_split: bool = True):
         self.normalizer, self.tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+        self.compound_split = compound_split
 
     def __call__(self, line: str) -> str:
         line = self.normalizer.replace_unicode_punct(line)
-        return split_compounds(self.tokenizer.tokenize(line, return_str=True))
+        line = self.tokenizer.tokenize(line, return_str=True)
+        return split_compounds(line) if self.compound_split else line
 
 
-def tokenized_bleu(hyps, refs, lang: str = "de") -> tuple[float, str]:
-    """The paper's BLEU (comparable to Table 2, NOT to sacreBLEU) -> (score, its settings)."""
+def tokenized_bleu(hyps, refs, lang: str = "de", *, compound_split: bool = True):
+    """The paper's BLEU (comparable to Table 2, NOT to sacreBLEU) -> (score, its settings).
+    compound_split=False: the same without splitting compounds (multi-bleu.perl on Moses tokens)."""
     hyps, refs = _check_corpora(hyps, refs, "tokenized_bleu")
-    tok = PaperTokenizer(lang)
+    tok = PaperTokenizer(lang, compound_split=compound_split)
     bleu = BLEU(tokenize="none", smooth_method="none", force=True)
     score = bleu.corpus_score([tok(h) for h in hyps], [[tok(r) for r in refs]]).score
-    return score, f"moses-tok:{lang}+compound-split(##AT##)|{bleu.get_signature()}"
+    split = "+compound-split(##AT##)" if compound_split else ""
+    return score, f"moses-tok:{lang}{split}|{bleu.get_signature()}"
 
 
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)

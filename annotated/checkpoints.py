@@ -243,6 +243,24 @@ def _read_checkpoint(path):
         ) from None
 
 
+def _run_of(checkpoint) -> dict:
+    """What a trainer checkpoint records of the run that wrote it; a plain state_dict: nothing."""
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("config"), dict):
+        return {}
+    return {"tokenizer": checkpoint.get("tokenizer"), "model": checkpoint["config"].get("model")}
+
+
+def _check_same_run(first: dict, run: dict, path, first_path):
+    differ = [k for k in run if k in first and run[k] != first[k]]
+    if differ:
+        raise ValueError(
+            f"average_checkpoints: {path} and {first_path} were written by different runs: their "
+            + "; ".join(f"{k} is {run[k]} and {first[k]}" for k in differ)
+            + ". Weights of another tokenizer or model read the same ids as other words; "
+            "average only checkpoints of one run."
+        )
+
+
 def _some(names, n=4):
     return (
         "none"
@@ -256,11 +274,13 @@ def average_checkpoints(paths) -> dict[str, torch.Tensor]:
 
     Each file holds a state_dict, or a dict with the state_dict under "model". Returns a state_dict
     for model.load_state_dict; non-floating-point entries are taken from the last checkpoint.
+    Trainer checkpoints must agree on the tokenizer and the model configuration they record.
     """
     paths = list(paths)
     if not paths:
         raise ValueError("average_checkpoints: no checkpoint paths given.")
-    state = _state_dict_of(_read_checkpoint(paths[0]), paths[0])
+    checkpoint = _read_checkpoint(paths[0])
+    run, state = _run_of(checkpoint), _state_dict_of(checkpoint, paths[0])
     first = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
     total = {
         k: v.to(torch.promote_types(v.dtype, torch.float32)).clone()
@@ -269,7 +289,9 @@ def average_checkpoints(paths) -> dict[str, torch.Tensor]:
         for k, v in state.items()
     }
     for path in paths[1:]:
-        state = _state_dict_of(_read_checkpoint(path), path)
+        checkpoint = _read_checkpoint(path)
+        _check_same_run(run, _run_of(checkpoint), path, paths[0])
+        state = _state_dict_of(checkpoint, path)
         missing, extra = sorted(set(first) - set(state)), sorted(set(state) - set(first))
         if missing or extra:
             raise ValueError(

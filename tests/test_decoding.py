@@ -319,6 +319,27 @@ def test_average_refuses_different_models(tmp_path):
         average_checkpoints([tmp_path / "junk.pt"])
 
 
+def test_average_refuses_checkpoints_of_different_runs(tmp_path):
+    """Equal shapes are not enough: another tokenizer, or another use of the same tensors."""
+    weights = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2).state_dict()
+    model = {"N": 1, "d_model": 16, "norm_first": False}
+    run = {"model": weights, "tokenizer": "bpe11-aaaa", "config": {"model": model}}
+    torch.save(run, tmp_path / "a.pt")
+    torch.save({**run, "tokenizer": "bpe11-bbbb"}, tmp_path / "tok.pt")
+    torch.save({**run, "config": {"model": {**model, "norm_first": True}}}, tmp_path / "pre.pt")
+    torch.save({**run, "step": 7}, tmp_path / "same.pt")
+    with pytest.raises(ValueError, match="tokenizer is bpe11-bbbb and bpe11-aaaa"):
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "tok.pt"])
+    with pytest.raises(ValueError, match="different runs: their model is .*'norm_first': True"):
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "pre.pt"])
+    avg = average_checkpoints([tmp_path / "a.pt", tmp_path / "same.pt"])  # one run: fine
+    torch.testing.assert_close(avg, weights)
+    torch.save(weights, tmp_path / "plain.pt")  # a plain state_dict records no run: not compared
+    torch.testing.assert_close(
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "plain.pt"]), weights
+    )
+
+
 # ---------------------------------------------------------------- BLEU
 
 HYPS = ["Die Katze saß auf der Matte.", "Er liest ein Handbuch für das E-Mail-Programm.", ""]
@@ -350,6 +371,14 @@ def test_sacrebleu_matches_its_command_line(tmp_path):
     assert sacrebleu_cli(tmp_path / "ref.tok", tmp_path / "hyp.tok", *options) == f"{tscore:.4f}"
     assert "##AT##" in description and "tok:none" in description
     assert tscore > score  # split compounds add easy matches
+    # without compound splitting: the same on the Moses tokens alone
+    plain = PaperTokenizer("de", compound_split=False)
+    (tmp_path / "hyp.tok").write_text("\n".join(plain(h) for h in HYPS) + "\n", encoding="utf-8")
+    (tmp_path / "ref.tok").write_text("\n".join(plain(r) for r in REFS) + "\n", encoding="utf-8")
+    pscore, description = tokenized_bleu(HYPS, REFS, compound_split=False)
+    assert sacrebleu_cli(tmp_path / "ref.tok", tmp_path / "hyp.tok", *options) == f"{pscore:.4f}"
+    assert "##AT##" not in description and "moses-tok:de|" in description
+    assert "##AT##" not in plain("Ein E-Mail-Programm.") and pscore < tscore
 
 
 def test_compound_splitting():
@@ -416,11 +445,16 @@ def test_command_line(tmp_path):
         text=True,
     )
     assert run.returncode == 0, run.stderr
-    assert f"sacreBLEU      {sacrebleu_score(HYPS, REFS)[0]:.2f}" in run.stdout
-    assert f"tokenized BLEU {tokenized_bleu(HYPS, REFS)[0]:.2f}" in run.stdout
     from annotated.bleu import lowercase_tokenized_bleu
 
-    assert f"lowercased     {lowercase_tokenized_bleu(HYPS, REFS)[0]:.2f}" in run.stdout
+    lines = {line[:20].strip(): float(line[20:28]) for line in run.stdout.splitlines()}
+    plain = tokenized_bleu(HYPS, REFS, compound_split=False)[0]
+    assert lines == {
+        "sacreBLEU": round(sacrebleu_score(HYPS, REFS)[0], 2),
+        "tokenized BLEU": round(plain, 2),
+        "compound-split BLEU": round(tokenized_bleu(HYPS, REFS)[0], 2),
+        "lowercased BLEU": round(lowercase_tokenized_bleu(HYPS, REFS)[0], 2),
+    }
     assert "RuntimeWarning" not in run.stderr
     with pytest.raises(SystemExit) as exit:
         bleu_main(["--hyp", str(tmp_path / "short"), "--ref", str(tmp_path / "ref")])

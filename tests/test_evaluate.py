@@ -37,6 +37,14 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
         toy["sentences"] == 4 and toy["sacrebleu"] >= 90 and "nrefs:1" in toy["sacrebleu_signature"]
     )
     assert [t["source"] for t in report["translations"]["toy"]] == [s for s, _ in pairs]
+    for bleu in ("sacrebleu", "tokenized_bleu", "compound_split_bleu", "tokenized_lowercased_bleu"):
+        assert toy[bleu] >= 90 and toy[f"{bleu}_signature"]
+    assert "##AT##" in toy["compound_split_bleu_signature"] and toy["of"] == 4
+    every = evaluate.evaluate_run(copy_run, limit=2)  # all kept checkpoints, two sentences
+    kept = sorted(p.name for p in (copy_run / "checkpoints").glob("ckpt_*.pt"))
+    assert every["checkpoints"] == kept and len(kept) == 4  # steps 100 to 400
+    assert (every["tests"]["toy"]["sentences"], every["tests"]["toy"]["of"]) == (2, 4)
+    assert [t["source"] for t in every["translations"]["toy"]] == [s for s, _ in pairs[:2]]
     out = tmp_path / "results"
     path = evaluate.write_results(
         out, copy_run, report, command="python -m annotated.cli.evaluate (test)"
@@ -103,7 +111,9 @@ def test_inputs_are_checked_before_any_decoding(copy_run, tmp_path, monkeypatch)
         evaluate.read_run(run)
 
 
-@pytest.mark.parametrize("flag", [["--last", "0"], ["--beam", "0"], ["--alpha", "nan"]])
+@pytest.mark.parametrize(
+    "flag", [["--last", "0"], ["--limit", "0"], ["--beam", "0"], ["--alpha", "nan"]]
+)
 def test_cli_refuses_meaningless_search_settings(tmp_path, flag):
     r = subprocess.run(
         [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path), *flag],
@@ -126,7 +136,7 @@ def test_bleu_cli_strips_a_byte_order_mark_and_names_bad_bytes(tmp_path):
             text=True,
         )
 
-    assert "sacreBLEU      100.00" in cli(hyp).stdout
+    assert "sacreBLEU            100.00" in cli(hyp).stdout
     r = cli(bad)
     assert (
         r.returncode == 2

@@ -16,14 +16,15 @@ from ..errors import DataError
 
 # %% ../../notebooks/07_decoding_and_evaluation.ipynb #c049
 def main(argv: list[str] | None = None) -> int:
-    """Command line --hyp FILE --ref FILE [--lang de]: print sacreBLEU, tokenized BLEU and its
-    lowercased variant."""
+    """Command line --hyp FILE --ref FILE [--lang de]: print sacreBLEU, tokenized BLEU with and
+    without compound splitting, and tokenized lowercased BLEU."""
     parser = argparse.ArgumentParser(
         prog="python -m annotated.cli.bleu",
         description="Corpus BLEU of a translation file against a reference file "
         "(one sentence per line): "
-        "sacreBLEU with its signature, the paper's tokenized BLEU (comparable to Table 2 only), "
-        "and tokenized lowercased BLEU (multi-bleu.perl -lc, used for Multi30k).",
+        "sacreBLEU with its signature, tokenized BLEU, the paper's compound-split tokenized BLEU "
+        "(comparable to Table 2 only), and tokenized lowercased BLEU (multi-bleu.perl -lc, used "
+        "for Multi30k).",
     )
     parser.add_argument("--hyp", required=True, type=Path, help="system translations, detokenised")
     parser.add_argument(
@@ -48,15 +49,14 @@ def main(argv: list[str] | None = None) -> int:
             "but their line counts "
             f"differ: {len(hyps)} in {args.hyp}, {len(refs)} in {args.ref}."
         )
-    score, signature = sacrebleu_score(hyps, refs)
-    print(f"sacreBLEU      {score:.2f}  {signature}")
-    score, description = tokenized_bleu(hyps, refs, args.lang)
-    print(
-        f"tokenized BLEU {score:.2f}  {description}  "
-        "(comparable to paper Table 2, not to sacreBLEU)"
-    )
-    score, description = lowercase_tokenized_bleu(hyps, refs, args.lang)
-    print(f"lowercased     {score:.2f}  {description}  (published Multi30k results' convention)")
+    lang = args.lang
+    for name, (score, description), note in [
+        ("sacreBLEU", sacrebleu_score(hyps, refs), ""),
+        ("tokenized BLEU", tokenized_bleu(hyps, refs, lang, compound_split=False), ""),
+        ("compound-split BLEU", tokenized_bleu(hyps, refs, lang), "  (the paper's Table 2)"),
+        ("lowercased BLEU", lowercase_tokenized_bleu(hyps, refs, lang), "  (Multi30k's)"),
+    ]:
+        print(f"{name:20} {score:6.2f}  {description}{note}")
     return 0
 
 
