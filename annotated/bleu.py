@@ -7,6 +7,7 @@ __all__ = [
     "PaperTokenizer",
     "tokenized_bleu",
     "lowercase_tokenized_bleu",
+    "score_translations",
 ]
 
 # %% ../notebooks/07_decoding_and_evaluation.ipynb #c003a
@@ -89,3 +90,17 @@ def lowercase_tokenized_bleu(hyps, refs, lang: str = "de") -> tuple[float, str]:
     bleu = BLEU(tokenize="none", smooth_method="none", force=True)
     score = bleu.corpus_score([prep(h) for h in hyps], [[prep(r) for r in refs]]).score
     return score, f"moses-tok:{lang}+ascii-lowercase|{bleu.get_signature()}"
+
+
+def score_translations(hyps, refs, lang: str = "de") -> dict:
+    """Every BLEU above for one test set, each with its signature: sacreBLEU, tokenized BLEU
+    without and with compound splitting (the paper's Table 2), and tokenized lowercased BLEU."""
+    scores = {}
+    for name, (score, signature) in [
+        ("sacrebleu", sacrebleu_score(hyps, refs)),
+        ("tokenized_bleu", tokenized_bleu(hyps, refs, lang, compound_split=False)),
+        ("compound_split_bleu", tokenized_bleu(hyps, refs, lang)),
+        ("tokenized_lowercased_bleu", lowercase_tokenized_bleu(hyps, refs, lang)),
+    ]:
+        scores[name], scores[f"{name}_signature"] = score, signature
+    return scores

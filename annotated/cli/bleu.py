@@ -4,12 +4,12 @@
 __all__ = ["main"]
 
 # %% ../../notebooks/07_decoding_and_evaluation.ipynb #c003b
-# `python -m annotated.cli.bleu --hyp FILE --ref FILE`: the three BLEU scores of a translation file.
+# `python -m annotated.cli.bleu --hyp FILE --ref FILE`: the four BLEU scores of a translation file.
 import argparse
 import sys
 from pathlib import Path
 
-from ..bleu import lowercase_tokenized_bleu, sacrebleu_score, tokenized_bleu
+from ..bleu import score_translations
 from ..datasets.download import read_lines
 from ..errors import DataError
 
@@ -49,14 +49,14 @@ def main(argv: list[str] | None = None) -> int:
             "but their line counts "
             f"differ: {len(hyps)} in {args.hyp}, {len(refs)} in {args.ref}."
         )
-    lang = args.lang
-    for name, (score, description), note in [
-        ("sacreBLEU", sacrebleu_score(hyps, refs), ""),
-        ("tokenized BLEU", tokenized_bleu(hyps, refs, lang, compound_split=False), ""),
-        ("compound-split BLEU", tokenized_bleu(hyps, refs, lang), "  (the paper's Table 2)"),
-        ("lowercased BLEU", lowercase_tokenized_bleu(hyps, refs, lang), "  (Multi30k's)"),
+    scores = score_translations(hyps, refs, args.lang)
+    for key, name, note in [
+        ("sacrebleu", "sacreBLEU", ""),
+        ("tokenized_bleu", "tokenized BLEU", ""),
+        ("compound_split_bleu", "compound-split BLEU", "  (the paper's Table 2)"),
+        ("tokenized_lowercased_bleu", "lowercased BLEU", "  (Multi30k's)"),
     ]:
-        print(f"{name:20} {score:6.2f}  {description}{note}")
+        print(f"{name:20} {scores[key]:6.2f}  {scores[key + '_signature']}{note}")
     return 0
 
 
