@@ -30,7 +30,7 @@ from annotated.checkpoints import (
 
 from .batching import PAD
 from .config import TrainConfig, micro_batches_per_process, validate_config
-from .distributed import all_sum, setup_distributed
+from .distributed import all_sum, finish_distributed, setup_distributed
 from .errors import ConfigError, TrainingError
 from .fast import make_fast
 from .loss import FusedLabelSmoothing, LabelSmoothing
@@ -251,7 +251,9 @@ def train(
     out = Path(out_dir)
     lock = lock_out_dir(out) if rank == 0 else None  # one trainer per folder
     try:
-        return _train_locked(cfg, out, rank, world, device, resume, progress, command)
+        summary = _train_locked(cfg, out, rank, world, device, resume, progress, command)
+        finish_distributed(world)
+        return summary
     finally:  # however the run ends, the folder is free again
         if lock:
             lock.close()
