@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .model import ModelConfig
+from .precision import PRECISIONS
 
 
 # %% ../notebooks/06c_trainer.ipynb #c004
@@ -46,7 +47,7 @@ class TrainConfig:
     seed: int = 0
     # speed (chapter 6b): none of these changes the function being trained
     fast: bool = True  # make_fast(model) and FusedLabelSmoothing; False: the reference path
-    bf16: bool = True  # bf16 autocast on GPUs that support it (no effect on CPU)
+    precision: str = "auto"  # fp32, bf16, fp16 (with a gradient scaler); auto: per device
     fused_adam: bool = True  # one fused Adam kernel for all parameters (CPU and GPU)
     compile: bool = False  # torch.compile the model (slower on the book's CPU; see chapter 6b)
 
@@ -117,6 +118,7 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
         ),
         (cfg.tokens_per_step >= 0, "tokens_per_step", "must be 0 (off) or more"),
         (cfg.data in ("", "full", "sample"), "data", "must be full, sample or empty"),
+        (cfg.precision in PRECISIONS, "precision", "must be auto, fp32, bf16 or fp16"),
         (
             min(cfg.batch_sentences, cfg.max_tokens) >= 1,
             "batch_sentences, max_tokens",

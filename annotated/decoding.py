@@ -57,9 +57,14 @@ class StepDecoder:
         return self.model.generator(out[:, -1])  # (rows, vocab)
 
     def reorder(self, rows: torch.Tensor) -> None:
-        """Row r continues old row rows[r]: the cached keys and values follow their rows."""
-        for self_kv, _ in self.cache or []:  # a memory's keys and values stay (see KVCache)
+        """Row r continues old row rows[r]: the cached keys and values follow their rows. Fewer
+        rows than before drop the others, with their memory (beam search's finished sentences)."""
+        if rows.numel() != self.memory.size(0):
+            self.memory = self.memory.index_select(0, rows)  # (rows', n_src, d_model)
+            self.src_mask = self.src_mask.index_select(0, rows)  # (rows', 1, n_src)
+        for self_kv, memory_kv in self.cache or []:
             self_kv.reorder(rows)
+            memory_kv.reorder(rows)  # changes something only when rows are dropped
 
 
 @torch.no_grad()
@@ -129,7 +134,8 @@ def beam_search_core(
 
     Rows are sentence-major: row b * beam_size + k is hypothesis k of sentence b.
     limits: (batch,) the most tokens each sentence may generate, end symbol included.
-    on_step(ys, log_prob, length, finished), if given, sees the beam after every step.
+    A sentence whose hypotheses have all finished leaves the batch: its rows are dropped.
+    on_step(ys, log_prob, length, finished), if given, sees the live sentences after every step.
     Returns, for each sentence, its final beam as Hypothesis objects, best first.
     """
     B, K = batch_size, beam_size
@@ -141,35 +147,52 @@ def beam_search_core(
     finished = torch.zeros(B, K, dtype=torch.bool, device=device)  # (B, K)
     finished[:, 1:] = True
     finished |= (limits <= 0)[:, None]  # nothing may be generated
-    first_row = (torch.arange(B, device=device) * K)[:, None]  # (B, 1) row of hypothesis 0
-    while not bool(finished.all()):
-        step_lp = decoder.step(ys)  # (B*K, V)
+    live = torch.arange(B, device=device)  # (b,) the sentence of each live row group
+    beams: list[list[Hypothesis]] = [[] for _ in range(B)]
+    while live.numel() > 0:
+        done = finished.all(dim=1)  # (b,) sentences whose search is over
+        if bool(done.any()):  # they leave the batch, and the decoder drops their rows
+            ended = _final_beams(ys.view(-1, K, ys.size(1))[done], log_prob[done], length[done],
+                                 end_symbol, alpha)  # fmt: skip
+            for sentence, beam in zip(live[done].tolist(), ended):
+                beams[sentence] = beam
+            kept = (~done).nonzero().squeeze(1)  # (b',) the live sentences that stay
+            live, limits = live[kept], limits[kept]
+            log_prob, length, finished = log_prob[kept], length[kept], finished[kept]
+            rows = (kept[:, None] * K + torch.arange(K, device=device)).view(-1)  # (b' * K,)
+            ys = ys.index_select(0, rows)
+            if live.numel() > 0:
+                decoder.reorder(rows)
+            continue
+        b = live.numel()
+        step_lp = decoder.step(ys)  # (b*K, V)
         V = step_lp.size(-1)
-        step_lp = step_lp.view(B, K, V)
+        step_lp = step_lp.view(b, K, V)
         log_prob = log_prob.to(step_lp.dtype)
         itself = torch.full_like(step_lp, -math.inf)  # a finished hypothesis has
         itself[..., end_symbol] = 0.0  # one candidate: itself
         step_lp = torch.where(finished[..., None], itself, step_lp)
-        cand_lp = log_prob[..., None] + step_lp  # (B, K, V)
-        cand_len = (length + (~finished).long())[..., None]  # (B, K, 1)
-        cand_score = cand_lp / length_penalty(cand_len.to(cand_lp.dtype), alpha)  # (B, K, V)
-        best = cand_score.view(B, K * V).topk(K, dim=1).indices  # (B, K) flat candidate ids
-        parent, token = best // V, best % V  # (B, K) each
-        log_prob = cand_lp.view(B, K * V).gather(1, best)
+        cand_lp = log_prob[..., None] + step_lp  # (b, K, V)
+        cand_len = (length + (~finished).long())[..., None]  # (b, K, 1)
+        cand_score = cand_lp / length_penalty(cand_len.to(cand_lp.dtype), alpha)  # (b, K, V)
+        best = cand_score.view(b, K * V).topk(K, dim=1).indices  # (b, K) flat candidate ids
+        parent, token = best // V, best % V  # (b, K) each
+        log_prob = cand_lp.view(b, K * V).gather(1, best)
         length = length.gather(1, parent) + (~finished.gather(1, parent)).long()
         finished = finished.gather(1, parent) | (token == end_symbol) | (length >= limits[:, None])
         finished |= log_prob == -math.inf  # impossible: treat as dead
-        rows = (first_row + parent).view(-1)  # (B*K,) old row of each new row
-        ys = torch.cat([ys.index_select(0, rows), token.view(-1, 1)], dim=1)  # (B*K, t + 1)
+        first_row = (torch.arange(b, device=device) * K)[:, None]  # (b, 1) row of hypothesis 0
+        rows = (first_row + parent).view(-1)  # (b*K,) old row of each new row
+        ys = torch.cat([ys.index_select(0, rows), token.view(-1, 1)], dim=1)  # (b*K, t + 1)
         decoder.reorder(rows)
         if on_step is not None:
-            on_step(ys.view(B, K, -1), log_prob, length, finished)
-    score = log_prob / length_penalty(length.to(log_prob.dtype), alpha)  # (B, K)
-    return _final_beams(ys.view(B, K, -1), log_prob, length, score, end_symbol)
+            on_step(ys.view(b, K, -1), log_prob, length, finished)
+    return beams
 
 
-def _final_beams(ys, log_prob, length, score, end_symbol: int) -> list[list[Hypothesis]]:
+def _final_beams(ys, log_prob, length, end_symbol: int, alpha: float) -> list[list[Hypothesis]]:
     """Each sentence's live hypotheses, best score first: ys (B, K, t), the others (B, K)."""
+    score = log_prob / length_penalty(length.to(log_prob.dtype), alpha)  # (B, K)
     beams = []
     for b in range(ys.size(0)):
         beam = []

@@ -41,9 +41,12 @@ class KVCache:
     v: torch.Tensor | None = None  # (rows, h, positions, d_k)
 
     def reorder(self, rows: torch.Tensor) -> None:
-        """Row r continues old row rows[r] (beam search re-ranks its hypotheses). A memory's
-        keys and values stay: re-ranking moves rows within a sentence, which has one memory."""
-        if self.grow and self.k is not None and self.v is not None:
+        """Row r continues old row rows[r]: beam search re-ranks hypotheses, and drops the rows of
+        finished sentences. A memory's keys and values follow only a drop: re-ranking moves rows
+        within a sentence, and all rows of a sentence share one memory."""
+        if self.k is None or self.v is None:
+            return
+        if self.grow or rows.numel() != self.k.size(0):
             self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
 
 

@@ -7,9 +7,8 @@ __all__ = ["loss_on_batch", "train_step"]
 # One optimiser step over several micro-batches: gradient accumulation and DDP (paper section 5).
 from contextlib import nullcontext
 
-import torch
-
 from .batching import Batch
+from .precision import Precision
 
 
 # %% ../notebooks/06_training.ipynb #c026
@@ -30,7 +29,7 @@ def train_step(
     *,
     total_tokens: int | None = None,
     world_size: int = 1,
-    autocast=None,
+    precision: Precision | None = None,
     max_grad_norm=None,
 ) -> dict:
     """One optimiser step over `micro_batches` (gradient accumulation).
@@ -38,7 +37,9 @@ def train_step(
     The gradient is that of (summed loss over every micro-batch on every process) / total_tokens:
     each micro-batch's loss is divided by the tokens of the whole step, and multiplied by
     world_size because DistributedDataParallel averages gradients over processes.
+    precision (chapter 6b) runs the passes under autocast and may skip the update (fp16).
     """
+    precision = precision or Precision("fp32", "cpu")
     if total_tokens is None:
         total_tokens = sum(b.ntokens for b in micro_batches)
     if total_tokens <= 0:
@@ -48,13 +49,11 @@ def train_step(
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with model.no_sync() if ddp and not last else nullcontext():
-            loss = loss_on_batch(model, batch, criterion, autocast=autocast)
-            (loss * (world_size / total_tokens)).backward()
+            loss = loss_on_batch(model, batch, criterion, autocast=precision.autocast())
+            precision.backward(loss * (world_size / total_tokens))
         summed = summed + loss.detach()  # stays on the device: one host sync per step, below
-    grad_norm = None
-    if max_grad_norm is not None:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
-    optimizer.step()  # once per accumulated batch ...
+    # once per accumulated batch (clipping first, if asked) ...
+    grad_norm, skipped = precision.step(optimizer, model.parameters(), max_grad_norm)
     if scheduler is not None:
         scheduler.step()  # ... and so is the learning-rate schedule
     optimizer.zero_grad(set_to_none=True)
@@ -62,4 +61,5 @@ def train_step(
         "loss_sum": float(summed),
         "tokens": sum(b.ntokens for b in micro_batches),
         "grad_norm": grad_norm,
+        "skipped": skipped,
     }

@@ -12,7 +12,7 @@ import torch
 
 from .batching import PAD, Batch
 from .config import TrainConfig
-from .trainer import _autocast, _build, _step
+from .trainer import _build, _precision, _step
 
 
 # %% ../notebooks/11_wmt14_training.ipynb #c040
@@ -31,10 +31,12 @@ def model_flops(b: Batch, *, vocab: int, N: int, d_model: int, d_ff: int, **_) -
     return linear + 3 * 4 * d * pairs
 
 
-def matmul_rate(device) -> float:
-    """Measured FLOP/s of a large square matmul: float32 on CPU, bfloat16 on CUDA."""
+def matmul_rate(device, dtype=None) -> float:
+    """Measured FLOP/s of a large square matmul in `dtype` (default: float32 on CPU, bfloat16
+    on CUDA)."""
     cuda = torch.device(device).type == "cuda"
-    n, dtype = (8192, torch.bfloat16) if cuda else (1024, torch.float32)
+    n = 8192 if cuda else 1024
+    dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
     a = torch.randn(n, n, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(3):
@@ -54,7 +56,7 @@ def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict
     step, and project the whole run (max_steps) from the median step time."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     run = _build(cfg, 1, device)
-    autocast, m = _autocast(cfg, device), cfg.model
+    run.precision, m = _precision(cfg, run, device, 1, None), cfg.model
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times, flops, tokens = [], 0.0, 0
     for i in range(steps + 1):
@@ -63,7 +65,7 @@ def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict
             flops += sum(model_flops(b, vocab=run.task.tgt_vocab, **vars(m)) for b in batches)
         sync()
         start = time.perf_counter()
-        _, _, step_tokens = _step(run, run.model, cfg, 0, 1, device, autocast)
+        _, _, step_tokens = _step(run, run.model, cfg, 0, 1, device)
         sync()
         if i:  # the first step warms up kernels and allocator
             times.append(time.perf_counter() - start)

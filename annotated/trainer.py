@@ -4,7 +4,6 @@
 __all__ = ["train"]
 
 # %% ../notebooks/06c_trainer.ipynb #c002d
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -13,7 +12,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from annotated.checkpoints import (
     all_finite,
@@ -35,16 +33,33 @@ from .errors import ConfigError, TrainingError
 from .fast import make_fast
 from .loss import FusedLabelSmoothing, LabelSmoothing
 from .model import make_model
+from .precision import Precision, bf16_speedup, choose_precision
+from .progress import Progress
 from .registry import TASKS
 from .schedule import make_optimizer
-from .step import train_step
+from .step import loss_on_batch, train_step
 
 
 # %% ../notebooks/06c_trainer.ipynb #c015
-def _autocast(cfg: TrainConfig, device: torch.device):
-    if cfg.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return None
+def _precision(cfg: TrainConfig, run: "_Run", device, world: int, saved: dict | None) -> Precision:
+    """The run's precision (chapter 6b). Resuming under "auto" keeps the checkpoint's choice;
+    otherwise a CPU measures bf16 on the first batch, every process deciding on the mean."""
+    if saved is not None and cfg.precision == "auto":
+        name = saved["name"]
+    else:
+
+        def probe() -> float:
+            batch = run.task.micro_batch(run.step, 0).to(device)
+            speedup = bf16_speedup(
+                run.model, lambda: loss_on_batch(run.model, batch, run.criterion)
+            )
+            return all_sum(speedup, world, device) / world
+
+        name = choose_precision(cfg.precision, device, probe)
+    precision = Precision(name, device)
+    if saved is not None and saved["name"] == name:
+        precision.load_state_dict(saved)  # the fp16 scaler's state: a resumed run stays exact
+    return precision
 
 
 def _check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
@@ -99,6 +114,7 @@ class _Run:
     criterion: LabelSmoothing
     accum: int  # micro-batches per process and step
     step: int = 0
+    precision: Precision | None = None  # chosen once the run is built or resumed
 
 
 # %% ../notebooks/06c_trainer.ipynb #c015b2
@@ -127,7 +143,8 @@ def _build(cfg: TrainConfig, world: int, device: torch.device) -> _Run:
 
 
 # %% ../notebooks/06c_trainer.ipynb #c015b3
-def _resume(run: _Run, path: Path) -> None:
+def _resume(run: _Run, path: Path) -> dict | None:
+    """Load the checkpoint at `path` into `run` -> its saved precision state (or None)."""
     state = load_checkpoint(path)
     fingerprint = run.task.tokenizer.fingerprint
     if state["tokenizer"] != fingerprint:
@@ -145,10 +162,11 @@ def _resume(run: _Run, path: Path) -> None:
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     run.step = int(state["step"])
     restore_rng_state(state["rng"])
+    return state.get("precision")
 
 
 # %% ../notebooks/06c_trainer.ipynb #c015c
-def _step(run: _Run, model, cfg: TrainConfig, rank: int, world: int, device, autocast):
+def _step(run: _Run, model, cfg: TrainConfig, rank: int, world: int, device):
     """One optimiser step -> (mean loss per target token, learning rate used, target tokens)."""
     torch.manual_seed(cfg.seed * 1_000_003 + run.step * 7_919 + rank)  # masks follow the step
     index = range(rank * run.accum, (rank + 1) * run.accum)  # this process's micro-batches
@@ -163,53 +181,14 @@ def _step(run: _Run, model, cfg: TrainConfig, rank: int, world: int, device, aut
         run.scheduler,
         total_tokens=total_tokens,
         world_size=world,
-        autocast=autocast,
+        precision=run.precision,
         max_grad_norm=cfg.max_grad_norm or None,
     )
     run.step += 1
     return all_sum(stats["loss_sum"], world, device) / total_tokens, lr, total_tokens
 
 
-# %% ../notebooks/06c_trainer.ipynb #c015d
-class _Progress:
-    """The progress bar and metrics.jsonl of the first process (the others write nothing)."""
-
-    def __init__(self, out: Path, cfg: TrainConfig, step: int, *, writes: bool, bar: bool):
-        self.log = open(out / "metrics.jsonl", "a") if writes else None
-        self.bar = tqdm(
-            total=cfg.max_steps,
-            initial=step,
-            disable=not (writes and bar),
-            unit="step",
-            dynamic_ncols=True,
-        )
-        self.every, self.last_step = cfg.log_every, cfg.max_steps
-        self.start = self.window_start = time.time()
-        self.window_tokens = 0
-
-    def update(self, step: int, loss: float, lr: float, tokens: int) -> None:
-        self.window_tokens += tokens
-        if self.log is None:
-            return
-        elapsed = time.time() - self.window_start
-        tok_s = self.window_tokens / elapsed if elapsed > 0 else 0.0
-        self.bar.set_postfix(
-            loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False
-        )
-        self.bar.update(1)
-        if step % self.every == 0 or step == self.last_step:
-            seconds = time.time() - self.start
-            record = dict(step=step, loss=loss, lr=lr, target_tokens_per_s=tok_s, elapsed_s=seconds)
-            self.log.write(json.dumps(record) + "\n")
-            self.log.flush()
-            self.window_tokens, self.window_start = 0, time.time()
-
-    def close(self) -> None:
-        self.bar.close()
-        if self.log:
-            self.log.close()
-
-
+# %% ../notebooks/06c_trainer.ipynb #c015d2
 def _checkpoint_due(cfg: TrainConfig, step: int, last_time: float) -> bool:
     minutes = cfg.checkpoint_minutes and time.time() - last_time >= 60 * cfg.checkpoint_minutes
     every = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
@@ -230,6 +209,7 @@ def _checkpoint(out: Path, run: _Run, cfg: TrainConfig, world: int) -> Path:
         "data": data,
         "config": asdict(cfg),
         "world_size": world,
+        "precision": run.precision.state_dict() if run.precision else None,
     }
     return save_checkpoint(out, state, cfg.keep_last)
 
@@ -272,26 +252,26 @@ def _train_locked(
 ) -> dict:
     resume_from = _check_out_dir(out, cfg, resume)
     run = _build(cfg, world, device)
-    if resume_from is not None:
-        _resume(run, resume_from)
+    saved = _resume(run, resume_from) if resume_from is not None else None
+    precision = run.precision = _precision(cfg, run, device, world, saved)
     if rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         record = dict(config=asdict(cfg), world_size=world, command=command, from_step=run.step)
+        record["precision"] = precision.name
         record_run(out, {**record, "device": name, "torch": torch.__version__}, run.step)
     model = torch.nn.parallel.DistributedDataParallel(run.model) if world > 1 else run.model
     if cfg.compile:
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]  # batches change shape from step to step
-    autocast = _autocast(cfg, device)
-    log = _Progress(out, cfg, run.step, writes=rank == 0, bar=progress)
+    log = Progress(out, cfg, run.step, writes=rank == 0, bar=progress)
     last_path, loss, run_tokens, last_time = None, None, 0, time.time()
     run.model.train()
     try:
         while run.step < cfg.max_steps:
-            loss, lr, tokens = _step(run, model, cfg, rank, world, device, autocast)
+            loss, lr, tokens = _step(run, model, cfg, rank, world, device)
             if not math.isfinite(loss):
                 raise _diverged(out, run.step, f"the loss became {loss}")
             run_tokens += tokens
-            log.update(run.step, loss, lr, tokens)
+            log.update(run.step, loss, lr, tokens, precision.skipped if precision.scaler else None)
             if rank == 0 and _checkpoint_due(cfg, run.step, last_time):
                 last_path, last_time = _checkpoint(out, run, cfg, world), time.time()
     except KeyboardInterrupt:

@@ -88,9 +88,8 @@ def projection(single: dict, shard: dict) -> dict:
     """Hours to 100k and 300k steps from measured seconds per step (fast path, no compile)."""
 
     def seconds(part):
-        return part["report"]["training"]["results"]["fast path (+ fused Adam)"][
-            "median_s_per_step"
-        ]
+        (training,) = part["report"]["training"].values()  # one precision on CUDA
+        return training["results"]["fast path (+ fused Adam)"]["median_s_per_step"]
 
     one, eight = seconds(single), seconds(shard)
     return {

@@ -22,8 +22,9 @@ Training paths, each a whole step (forward, loss, backward, Adam):
 It uses fused Adam too. With --compile, another path runs the fast path under torch.compile.
 
 All paths start from the same weights and run interleaved, round by round, so that drifts of a noisy
-machine hit them alike; the report gives medians and ratios to the reference. On CUDA every path
-runs under bf16 autocast, and with fused Adam.
+machine hit them alike; the report gives medians and ratios to the reference. Every path runs in
+each precision asked for (--precision; by default fp32 and bf16 autocast on a CPU, bf16 on CUDA),
+and on CUDA with fused Adam.
 
 Model FLOPs utilisation (MFU) = model FLOPs per second / the device's measured matmul rate, where
 the model FLOPs of a step count only real (non-padding) tokens:
@@ -32,7 +33,11 @@ the model FLOPs of a step count only real (non-padding) tokens:
 with the encoder's weights applied to source tokens, the decoder's (and the output projection's) to
 target tokens, the encoder-decoder attention's K and V projections to source tokens, and causal
 self-attention counting n(n+1)/2 query-key pairs. The matmul rate is measured here on square
-matrices (float32 on CPU, bfloat16 on CUDA).
+matrices in the precision being timed.
+
+Decoding: beam search at beams 1 and 4 on 32 random sources with outputs of exactly 50 tokens, for
+the book's decoder (key/value cache, fused attention), the same without cache, and
+torch.nn.Transformer's decoder in the same cache-free loop.
 
 Speed goals live here, never in timed tests.
 """
@@ -48,6 +53,7 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -60,14 +66,15 @@ sys.path.insert(0, str(ROOT))
 from annotated import make_model, subsequent_mask
 from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler, make_batch
 from annotated.checkpoints import write_text_atomic
-from annotated.decoding import beam_search
+from annotated.decoding import beam_search, beam_search_core
 from annotated.embeddings import Embeddings, PositionalEncoding
-from annotated.fast import make_fast
+from annotated.fast import fused_attention, make_fast
 from annotated.loss import (
     FusedLabelSmoothing,
     LabelSmoothing,
 )
 from annotated.multihead import MultiHeadedAttention
+from annotated.precision import Precision
 from annotated.provenance import provenance
 from annotated.schedule import make_optimizer
 from annotated.step import loss_on_batch
@@ -110,6 +117,7 @@ class TorchTransformer(nn.Module):
             not norm_first
         ):  # post-norm: no final LayerNorm (pre-norm keeps it, as the book's Encoder/Decoder do)
             self.core.encoder.norm, self.core.decoder.norm = None, None
+        self.core.encoder.use_nested_tensor = False  # padded tensors, as the book's model uses
         self.out = nn.Linear(d_model, vocab)
         self.out.weight = self.embed[0].lut.weight
 
@@ -180,7 +188,9 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None):
     return out
 
 
-def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fast=False):
+def time_training(
+    cfg, device, rounds, n_batches, *, precision="fp32", compile_fast=False, only_fast=False
+):
     vocab, N, d, d_ff, h, pre = (
         cfg["vocab"],
         cfg["N"],
@@ -216,7 +226,7 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fa
         stages = {FAST: stages[FAST]}
         del base, attn_only
     cuda = device.type == "cuda"
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (lambda: None)
+    autocast = Precision(precision, device).autocast
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def book_step(model, crit, forward=None, fused_adam=False):
@@ -242,7 +252,7 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fa
     tor_opt = make_optimizer(tor, d_model=d, fused=True)[0]
 
     def torch_step(b):
-        with autocast() or nullcontext():
+        with autocast():
             logits = tor(b)
         F.cross_entropy(
             logits.float().reshape(-1, vocab),
@@ -281,7 +291,7 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fa
             sync()
             times[name].append(time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in times.items()}
-    rate = matmul_rate(device)
+    rate = matmul_rate(device, dtype=Precision(precision, device).dtype or torch.float32)
     first = next(iter(med))  # the reference, or the fast path alone with only_fast
     results = {
         k: {
@@ -308,55 +318,125 @@ def time_training(cfg, device, rounds, n_batches, *, compile_fast=False, only_fa
     }
 
 
-def time_decoding(cfg, device, sentences, out_tokens, rounds):
-    """Cached vs uncached beam search (beam 4, alpha 0.6) on the same sentences, EOS suppressed so
-    that every hypothesis is exactly out_tokens long."""
-    vocab = cfg["vocab"]
-    torch.manual_seed(0)
-    model = (
-        make_model(
-            vocab,
-            vocab,
-            N=cfg["N"],
-            d_model=cfg["d_model"],
-            d_ff=cfg["d_ff"],
-            h=cfg["h"],
-            norm_first=cfg["norm_first"],
+class TorchStepDecoder:
+    """torch.nn.Transformer's decoder under the book's beam search: it has no cache, so every
+    step runs the decoder on the whole prefix (the loop the book's use_cache=False also runs)."""
+
+    def __init__(self, model: TorchTransformer, src, beam: int):
+        pad = src == PAD
+        memory = model.core.encoder(model.embed(src), src_key_padding_mask=pad)
+        self.model, self.memory = model, memory.repeat_interleave(beam, 0)
+        self.pad = pad.repeat_interleave(beam, 0)
+
+    def step(self, ys):
+        causal = ~subsequent_mask(ys.size(1))[0].to(ys.device)
+        y = self.model.core.decoder(
+            self.model.embed(ys),
+            self.memory,
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            memory_key_padding_mask=self.pad,
         )
-        .to(device)
-        .eval()
-    )
+        return F.log_softmax(self.model.out(y[:, -1]).float(), dim=-1)  # (rows, vocab)
+
+    def reorder(self, rows):
+        if rows.numel() != self.memory.size(0):  # finished sentences leave
+            self.memory, self.pad = self.memory[rows], self.pad[rows]
+
+
+def time_decoding(cfg, device, sentences, out_tokens, rounds, precision="fp32"):
+    """Beam search at beams 1 and 4 (alpha 0.6) on the same random sources, end symbol suppressed
+    so that every output is exactly out_tokens long: the book's decoder with its cache and fused
+    attention (what translate runs), the same without the cache, and torch.nn.Transformer's decoder
+    in the same cache-free loop. Random weights: only the work per token matters here."""
+    vocab, sizes = cfg["vocab"], {k: cfg[k] for k in ("N", "d_model", "d_ff", "h", "norm_first")}
+    torch.manual_seed(0)
+    model = make_model(vocab, vocab, **sizes).to(device).eval()
+    tor = TorchTransformer(vocab, cfg["N"], cfg["d_model"], cfg["d_ff"], cfg["h"], 0.1)
+    tor = tor.to(device).eval()
     with torch.no_grad():
         model.generator.proj.bias[EOS] = -1e4
+        tor.out.bias[EOS] = -1e4
     g = torch.Generator().manual_seed(1)
     src = torch.randint(3, vocab, (sentences, 20), generator=g)
     src[:, -1] = EOS
     src = src.to(device)
     mask = (src != PAD)[:, None]
+    limits = torch.full((sentences,), out_tokens, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    outs, times = {}, {True: [], False: []}
-    for _ in range(rounds):
-        for cache in (True, False):
-            sync()
-            t = time.perf_counter()
-            outs[cache] = beam_search(
-                model, src, mask, out_tokens + 1, BOS, EOS, 4, 0.6, use_cache=cache
+    autocast = Precision(precision, device).autocast
+
+    def ours(beam, cache):
+        with fused_attention(model) if cache else nullcontext():
+            return beam_search(
+                model, src, mask, out_tokens + 1, BOS, EOS, beam, 0.6, use_cache=cache
             )
-            sync()
-            times[cache].append(time.perf_counter() - t)
-    if outs[True] != outs[False]:
-        raise AssertionError("cached and uncached beam search disagree")
-    lengths = [len(o) for o in outs[True]]
-    med = {k: statistics.median(v) for k, v in times.items()}
-    return {
-        "sentences": sentences,
-        "beam": 4,
-        "alpha": 0.6,
-        "output_tokens_mean": sum(lengths) / len(lengths),
-        "cached_s": med[True],
-        "uncached_s": med[False],
-        "speed_cached_vs_uncached": med[False] / med[True],
-    }
+
+    def theirs(beam):
+        decoder = TorchStepDecoder(tor, src, beam)
+        return beam_search_core(decoder, sentences, limits, BOS, EOS, beam, 0.6)
+
+    report = {"sentences": sentences, "output_tokens": out_tokens, "alpha": 0.6}
+    for beam in (1, 4):
+        runs = {
+            "book, cached": partial(ours, beam, True),
+            "book, uncached": partial(ours, beam, False),
+            "torch.nn.Transformer, uncached": partial(theirs, beam),
+        }
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        outs = {}
+        for _ in range(rounds):
+            for name, fn in runs.items():
+                sync()
+                start = time.perf_counter()
+                with torch.no_grad(), autocast():
+                    outs[name] = fn()
+                sync()
+                times[name].append(time.perf_counter() - start)
+        if precision == "fp32" and outs["book, cached"] != outs["book, uncached"]:
+            raise AssertionError("cached and uncached beam search disagree")
+        report[f"beam {beam}"] = {
+            name: {
+                "median_s": statistics.median(t),
+                "sentences_per_s": sentences / statistics.median(t),
+            }
+            for name, t in times.items()
+        }
+    return report
+
+
+def default_precisions(device) -> list[str]:
+    """CPU: both fp32 and bf16 (which pays depends on the CPU); CUDA: bf16 where supported."""
+    if device.type == "cuda":
+        return ["bf16" if torch.cuda.is_bf16_supported() else "fp16"]
+    return ["fp32", "bf16"]
+
+
+def print_training(precision: str, training: dict) -> None:
+    print(
+        f"\n{precision}: {'path':30} {'s/step':>8} {'tgt tok/s':>11} "
+        f"{'vs reference':>13} {'MFU':>7}"
+    )
+    for k, r in training["results"].items():
+        print(
+            f"{precision}: {k:30} {r['median_s_per_step']:8.3f} {r['target_tokens_per_s']:11,.0f} "
+            f"{r['speed_vs_reference']:12.2f}x {r['mfu']:7.1%}"
+        )
+    vs_torch = training["fast_vs_torch"]
+    print(
+        f"{precision}: fast path vs torch.nn.Transformer: "
+        f"{f'{vs_torch:.2f}x' if vs_torch else 'not timed'}; measured {precision} matmul rate "
+        f"{training['matmul_tflops_per_s_measured']:.3f} TFLOP/s"
+    )
+
+
+def print_decoding(dec: dict, precision: str) -> None:
+    print(
+        f"\nbeam search ({precision}), {dec['sentences']} sentences x {dec['output_tokens']} tokens"
+    )
+    for beam in (1, 4):
+        for name, r in dec[f"beam {beam}"].items():
+            print(f"beam {beam}: {name:32} {r['sentences_per_s']:8.1f} sentences/s")
 
 
 def main(argv=None) -> int:
@@ -379,6 +459,10 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", type=Path, help="write the figures here, with provenance")
+    ap.add_argument(
+        "--precision",
+        help="comma-separated fp32, bf16, fp16 (default: fp32,bf16 on CPU, bf16 on CUDA)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.preset, args.rounds = "quick", min(args.rounds, 2)
@@ -391,37 +475,31 @@ def main(argv=None) -> int:
     )
     report = provenance(command.strip(), device)
     report["preset"], report["config"] = args.preset, cfg
-    report["training"] = time_training(
-        cfg, device, args.rounds, args.batches, compile_fast=args.compile, only_fast=args.only_fast
-    )
-    res = report["training"]["results"]
+    precisions = args.precision.split(",") if args.precision else default_precisions(device)
+    report["training"] = {}
     print(f"{report['device']}; preset {args.preset}: {cfg}")
-    print(f"{'path':30} {'s/step':>8} {'tgt tok/s':>11} {'vs reference':>13} {'MFU':>7}")
-    for k, r in res.items():
-        print(
-            f"{k:30} {r['median_s_per_step']:8.3f} {r['target_tokens_per_s']:11,.0f} "
-            f"{r['speed_vs_reference']:12.2f}x {r['mfu']:7.1%}"
+    for precision in precisions:
+        report["training"][precision] = training = time_training(
+            cfg,
+            device,
+            args.rounds,
+            args.batches,
+            precision=precision,
+            compile_fast=args.compile,
+            only_fast=args.only_fast,
         )
-    vs_torch = report["training"]["fast_vs_torch"]
-    print(
-        f"fast path vs torch.nn.Transformer: {f'{vs_torch:.2f}x' if vs_torch else 'not timed'}; "
-        f"measured matmul rate {report['training']['matmul_tflops_per_s_measured']:.3f} TFLOP/s"
-    )
+        print_training(precision, training)
     if not args.no_decode:
         quick = args.preset == "quick"
         report["decoding"] = time_decoding(
-            cfg, device, 4 if quick else 32, 10 if quick else 50, 1 if quick else 2
+            cfg, device, 4 if quick else 32, 10 if quick else 50, 1 if quick else 2, precisions[0]
         )
-        dec = report["decoding"]
-        print(
-            f"beam search, {dec['sentences']} sentences x {dec['output_tokens_mean']:.0f} tokens: "
-            f"cached {dec['cached_s']:.2f} s, uncached {dec['uncached_s']:.2f} s "
-            f"({dec['speed_cached_vs_uncached']:.2f}x)"
-        )
+        print_decoding(report["decoding"], precisions[0])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")
-    assert all(math.isfinite(r["median_s_per_step"]) for r in res.values())
+    for training in report["training"].values():
+        assert all(math.isfinite(r["median_s_per_step"]) for r in training["results"].values())
     return 0
 
 

@@ -23,7 +23,8 @@ def test_train_step_benchmark_quick(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
-    res = report["training"]["results"]
+    assert list(report["training"]) == ["fp32", "bf16"]  # a CPU times both precisions
+    res = report["training"]["fp32"]["results"]
     assert list(res) == [
         "reference",
         "+ fused attention",
@@ -35,8 +36,16 @@ def test_train_step_benchmark_quick(tmp_path):
     assert res["reference"]["speed_vs_reference"] == 1.0
     assert all(v["target_tokens_per_s"] > 0 and 0 < v["mfu"] < 1 for v in res.values())
     assert {"command", "commit", "date", "device", "torch"} <= set(report)
+    assert list(report["training"]["bf16"]["results"]) == list(res)
     dec = report["decoding"]
-    assert dec["output_tokens_mean"] == 10 and dec["cached_s"] > 0 and dec["uncached_s"] > 0
+    assert dec["output_tokens"] == 10 and dec["sentences"] == 4
+    for beam in ("beam 1", "beam 4"):
+        assert list(dec[beam]) == [
+            "book, cached",
+            "book, uncached",
+            "torch.nn.Transformer, uncached",
+        ]
+        assert all(r["sentences_per_s"] > 0 for r in dec[beam].values())
 
 
 def test_model_flops_counts_real_tokens_only():

@@ -155,9 +155,9 @@ def test_resume_on_cuda_continues_the_same_run(tmp_path):
 
 
 def test_compile_on_cuda_trains_like_eager(tmp_path):
-    small_run(tmp_path, "eager", "max_steps=30", "bf16=false", "model.dropout=0.0")
+    small_run(tmp_path, "eager", "max_steps=30", "precision=fp32", "model.dropout=0.0")
     compiled = small_run(
-        tmp_path, "compiled", "max_steps=30", "bf16=false", "model.dropout=0.0", "compile=true"
+        tmp_path, "compiled", "max_steps=30", "precision=fp32", "model.dropout=0.0", "compile=true"
     )
     losses = [
         [

@@ -19,6 +19,7 @@ from annotated import (
 )
 from annotated.bleu import PaperTokenizer, split_compounds
 from annotated.decoding import (
+    StepDecoder,
     beam_search,
     beam_search_hypotheses,
     length_penalty,
@@ -222,7 +223,33 @@ def test_beam_search_runs_the_fast_layers(monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
     assert beam_search(fast, src, mask, None, BOS, EOS, 4, 0.6) == expected
     one_query = [shape for shape in calls if shape[2] == 1]  # (rows, h, 1, d_k): one new position
-    assert len(one_query) > 0 and all(shape[0] == 4 * 4 for shape in one_query)
+    assert len(one_query) > 0 and one_query[0][0] == 4 * 4  # 4 sentences x beam 4 ...
+    assert all(shape[0] % 4 == 0 for shape in one_query)  # ... fewer as sentences finish
+
+
+def test_finished_sentences_leave_the_batch(monkeypatch):
+    """Three sentences with limits of 55, 54 and 53 tokens: the decoder is asked for fewer rows
+    as each one finishes, and every sentence gets what decoding it alone gives."""
+    torch.manual_seed(0)
+    model = make_model(10, 10, N=1, d_model=16, d_ff=32, h=2).eval()
+    with torch.no_grad():
+        model.generator.proj.bias[EOS] = -3.0  # ends late, at different steps per sentence
+    src, mask = random_batch(10, batch=3, n=5)
+    rows_seen = []
+    step = StepDecoder.step
+
+    def counting(self, ys):
+        rows_seen.append(ys.size(0))
+        return step(self, ys)
+
+    monkeypatch.setattr(StepDecoder, "step", counting)
+    together = beam_search_hypotheses(model, src, mask, None, BOS, EOS, beam_size=3)
+    assert rows_seen[0] == 9 and rows_seen == sorted(rows_seen, reverse=True)
+    assert len(set(rows_seen)) > 1  # some sentence left before the last one finished
+    for i in range(3):
+        alone = beam_search_hypotheses(model, src[i : i + 1], mask[i : i + 1], None, BOS, EOS, 3)
+        assert [h.tokens for h in alone[0]] == [h.tokens for h in together[i]]
+        assert [h.score for h in alone[0]] == pytest.approx([h.score for h in together[i]])
 
 
 def test_length_limits():

@@ -218,3 +218,18 @@ def test_trainer_compile_switch_trains_the_same_function(tmp_path):
     assert len(compiled) == 3
     for a, b in zip(compiled, plain):
         assert math.isclose(a, b, rel_tol=1e-4), (compiled, plain)
+
+
+def test_fused_attention_is_switched_on_inside_the_block_and_restored_after():
+    from annotated.fast import fused_attention
+    from annotated.multihead import MultiHeadedAttention
+
+    model = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2)
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadedAttention)]
+    layers[0].fast = True  # one layer already fast: it stays fast
+    with fused_attention(model):
+        assert all(m.fast for m in layers)
+    assert [m.fast for m in layers] == [True] + [False] * (len(layers) - 1)
+    with pytest.raises(RuntimeError), fused_attention(model):
+        raise RuntimeError("the block fails")
+    assert [m.fast for m in layers] == [True] + [False] * (len(layers) - 1)

@@ -148,9 +148,11 @@ def test_unknown_config_key_and_type(tmp_path):
     )
     assert "model.h expects a value of type int" in msg
     msg = error_of(
-        run_trainer("--config", "copy", *sets("bf16=maybe"), "--out", str(tmp_path), check=False)
+        run_trainer(
+            "--config", "copy", *sets("precision=maybe"), "--out", str(tmp_path), check=False
+        )
     )
-    assert "bf16 expects a value of type bool" in msg
+    assert "precision: must be auto, fp32, bf16 or fp16" in msg
 
 
 def test_resume_without_and_with_corrupt_checkpoint(tmp_path):

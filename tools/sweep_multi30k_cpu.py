@@ -1,0 +1,149 @@
+"""The sweep that chose the multi30k-cpu profile: each trial trains chapter 9's CPU configuration
+with some settings changed, for as many steps as fit in a training budget (5 minutes by default)
+on this machine, then translates test2016 with beam 4 from the average of its kept checkpoints.
+
+    python tools/sweep_multi30k_cpu.py --trials current,d256              # run two trials
+    python tools/sweep_multi30k_cpu.py --list                             # what each trial changes
+
+The step budget of a trial is fixed before it trains: 5 steps are timed (after one untimed step)
+and max_steps is the budget divided by their median, rounded down to a multiple of 20. A busy
+machine therefore gives a trial fewer steps, never more time. Each trial appends one line, with
+its command, commit, device and date, to results/multi30k-cpu-sweep/trials.jsonl; the runs go to
+runs/sweep/NAME (not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from annotated.bleu import sacrebleu_score  # noqa: E402
+from annotated.checkpoints import checkpoint_paths  # noqa: E402
+from annotated.config import apply_overrides  # noqa: E402
+from annotated.provenance import provenance  # noqa: E402
+from annotated.registry import TASKS, build_config  # noqa: E402
+from annotated.throughput import measure_throughput  # noqa: E402
+from annotated.translation import load_model, translate  # noqa: E402
+
+# name -> the --set overrides applied to multi30k-cpu
+TRIALS = {
+    "current": [],
+    "d256": ["model.d_model=256", "model.d_ff=1024", "precision=bf16", "warmup=200"],
+    "d256-lr2": [
+        "model.d_model=256",
+        "model.d_ff=1024",
+        "precision=bf16",
+        "warmup=200",
+        "lr_factor=1.4",
+    ],
+    "d256-4k": [
+        "model.d_model=256",
+        "model.d_ff=1024",
+        "precision=bf16",
+        "warmup=200",
+        "max_tokens=4000",
+    ],
+    "d128-4k": ["max_tokens=4000", "warmup=200", "lr_factor=1.0"],
+    "d128-lr": ["lr_factor=1.4", "warmup=200"],
+    "d384": [
+        "model.d_model=384",
+        "model.d_ff=1536",
+        "model.h=6",
+        "precision=bf16",
+        "warmup=300",
+    ],
+    "d256-drop2": [
+        "model.d_model=256",
+        "model.d_ff=1024",
+        "precision=bf16",
+        "warmup=200",
+        "model.dropout=0.2",
+    ],
+}
+OUT = ROOT / "results" / "multi30k-cpu-sweep" / "trials.jsonl"
+
+
+def step_budget(overrides: list[str], seconds: float) -> tuple[int, float]:
+    cfg = apply_overrides(build_config("multi30k-cpu"), overrides)
+    timing = measure_throughput(cfg, steps=5, device="cpu")
+    per_step = timing["seconds_per_step"]
+    return max(20, int(seconds / per_step) // 20 * 20), per_step
+
+
+def bleu_on_test2016(run: Path) -> dict:
+    """sacreBLEU of the run's averaged checkpoints on test2016, beam 4, alpha 0.6."""
+    model, tokenizer, cfg = load_model(checkpoint_paths(run))
+    pairs = TASKS[cfg.task].test_sets["test2016"](cfg)
+    start = time.time()
+    hyps = translate(model, tokenizer, [s for s, _ in pairs], beam_size=4, alpha=0.6)
+    seconds = time.time() - start
+    score = sacrebleu_score(hyps, [r for _, r in pairs])[0]
+    return {"sacrebleu": score, "decode_seconds": seconds, "sentences": len(pairs)}
+
+
+def run_trial(name: str, seconds: float, runs: Path) -> dict:
+    overrides = TRIALS[name]
+    steps, per_step = step_budget(overrides, seconds)
+    out = runs / name
+    sets = [a for item in [*overrides, f"max_steps={steps}"] for a in ("--set", item)]
+    cmd = ["-m", "annotated.cli.train", "--config", "multi30k-cpu", *sets, "--out", str(out)]
+    start = time.time()
+    subprocess.run([sys.executable, *cmd, "--no-progress"], check=True, cwd=ROOT)
+    wall = time.time() - start
+    run_json = json.loads((out / "run.json").read_text())
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    record = {
+        "trial": name,
+        "overrides": overrides,
+        "max_steps": steps,
+        "measured_s_per_step": per_step,
+        "training_seconds": metrics[-1]["elapsed_s"],
+        "process_seconds": wall,
+        "precision": run_json.get("precision"),
+        "final_loss": metrics[-1]["loss"],
+        "checkpoints_averaged": len(checkpoint_paths(out)),
+        "test2016": bleu_on_test2016(out),
+    }
+    command = "python " + " ".join(cmd).replace(str(ROOT) + os.sep, "")
+    return {**provenance(command, torch.device("cpu")), **record}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--trials", default="", help="comma-separated trial names")
+    ap.add_argument("--seconds", type=float, default=285.0, help="training budget of a trial")
+    ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "sweep")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args()
+    if args.list or not args.trials:
+        for name, overrides in TRIALS.items():
+            print(f"{name:12} {' '.join(overrides) or '(chapter 9 as it is)'}")
+        return 0
+    for name in args.trials.split(","):
+        if name not in TRIALS:
+            print(f"unknown trial {name!r}; --list shows them", file=sys.stderr)
+            return 2
+        record = run_trial(name, args.seconds, args.runs)
+        with open(OUT, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        t = record["test2016"]
+        print(
+            f"{name}: {record['max_steps']} steps in {record['training_seconds']:.0f} s, "
+            f"test2016 sacreBLEU {t['sacrebleu']:.2f}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
