@@ -165,22 +165,9 @@ def beam_search_core(
                 decoder.reorder(rows)
             continue
         b = live.numel()
-        step_lp = decoder.step(ys)  # (b*K, V)
-        V = step_lp.size(-1)
-        step_lp = step_lp.view(b, K, V)
-        log_prob = log_prob.to(step_lp.dtype)
-        itself = torch.full_like(step_lp, -math.inf)  # a finished hypothesis has
-        itself[..., end_symbol] = 0.0  # one candidate: itself
-        step_lp = torch.where(finished[..., None], itself, step_lp)
-        cand_lp = log_prob[..., None] + step_lp  # (b, K, V)
-        cand_len = (length + (~finished).long())[..., None]  # (b, K, 1)
-        cand_score = cand_lp / length_penalty(cand_len.to(cand_lp.dtype), alpha)  # (b, K, V)
-        best = cand_score.view(b, K * V).topk(K, dim=1).indices  # (b, K) flat candidate ids
-        parent, token = best // V, best % V  # (b, K) each
-        log_prob = cand_lp.view(b, K * V).gather(1, best)
-        length = length.gather(1, parent) + (~finished.gather(1, parent)).long()
-        finished = finished.gather(1, parent) | (token == end_symbol) | (length >= limits[:, None])
-        finished |= log_prob == -math.inf  # impossible: treat as dead
+        parent, token, log_prob, length, finished = _extend(
+            decoder.step(ys).view(b, K, -1), log_prob, length, finished, limits, end_symbol, alpha
+        )
         first_row = (torch.arange(b, device=device) * K)[:, None]  # (b, 1) row of hypothesis 0
         rows = (first_row + parent).view(-1)  # (b*K,) old row of each new row
         ys = torch.cat([ys.index_select(0, rows), token.view(-1, 1)], dim=1)  # (b*K, t + 1)
@@ -188,6 +175,26 @@ def beam_search_core(
         if on_step is not None:
             on_step(ys.view(b, K, -1), log_prob, length, finished)
     return beams
+
+
+def _extend(step_lp, log_prob, length, finished, limits, end_symbol: int, alpha: float):
+    """One step for b sentences: step_lp (b, K, V) next-token log-probs; the others (b, K) and
+    limits (b,). -> parent and token of the K best candidates, their log P, length, finished."""
+    b, K, V = step_lp.shape
+    log_prob = log_prob.to(step_lp.dtype)
+    itself = torch.full_like(step_lp, -math.inf)  # a finished hypothesis has
+    itself[..., end_symbol] = 0.0  # one candidate: itself
+    step_lp = torch.where(finished[..., None], itself, step_lp)
+    cand_lp = log_prob[..., None] + step_lp  # (b, K, V)
+    cand_len = (length + (~finished).long())[..., None]  # (b, K, 1)
+    cand_score = cand_lp / length_penalty(cand_len.to(cand_lp.dtype), alpha)  # (b, K, V)
+    best = cand_score.view(b, K * V).topk(K, dim=1).indices  # (b, K) flat candidate ids
+    parent, token = best // V, best % V  # (b, K) each
+    log_prob = cand_lp.view(b, K * V).gather(1, best)
+    length = length.gather(1, parent) + (~finished.gather(1, parent)).long()
+    finished = finished.gather(1, parent) | (token == end_symbol) | (length >= limits[:, None])
+    finished |= log_prob == -math.inf  # impossible: treat as dead
+    return parent, token, log_prob, length, finished
 
 
 def _final_beams(ys, log_prob, length, end_symbol: int, alpha: float) -> list[list[Hypothesis]]:
@@ -277,17 +284,8 @@ def beam_search(
     Paper defaults: beam_size=4, alpha=0.6, max_len=None (source length + 50).
     use_cache=False recomputes the whole prefix at every step (same result, slower).
     """
-    beams = beam_search_hypotheses(
-        model,
-        src,
-        src_mask,
-        max_len,
-        start_symbol,
-        end_symbol,
-        beam_size,
-        alpha,
-        use_cache=use_cache,
-    )
+    symbols = (max_len, start_symbol, end_symbol, beam_size, alpha)
+    beams = beam_search_hypotheses(model, src, src_mask, *symbols, use_cache=use_cache)
     return [beam[0].tokens for beam in beams]
 
 

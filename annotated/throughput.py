@@ -12,7 +12,6 @@ import torch
 
 from .batching import PAD, Batch
 from .config import TrainConfig
-from .trainer import _build, _precision, _step
 
 
 # %% ../notebooks/11_wmt14_training.ipynb #c040
@@ -54,6 +53,8 @@ def matmul_rate(device, dtype=None) -> float:
 def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict:
     """Time `steps` optimiser steps of `cfg` in one process on this machine, after one untimed
     step, and project the whole run (max_steps) from the median step time."""
+    from annotated.trainer import _build, _precision, _step  # the trainer: only to measure it
+
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     run = _build(cfg, 1, device)
     run.precision, m = _precision(cfg, run, device, 1, None), cfg.model

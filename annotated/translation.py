@@ -48,9 +48,8 @@ def translate(
     for i, e in enumerate(encoded):
         if e is not None and len(e) > limit:
             raise ValueError(
-                f"translate: line {i + 1} has {len(e)} tokens (with </s>); "
-                "this model translates at "
-                f"most {limit}. Split the line, or train with a larger model.max_len."
+                f"translate: line {i + 1} has {len(e)} tokens (with </s>); this model translates "
+                f"at most {limit}. Split the line, or train with a larger model.max_len."
             )
     kept = {i: e for i, e in enumerate(encoded) if e is not None}  # empty lines stay empty
     order = sorted(kept, key=lambda i: len(kept[i]))  # similar lengths batched together
@@ -68,16 +67,8 @@ def translate(
         ids = order[k : k + batch_size]
         batch = make_batch([kept[i] for i in ids])
         with fused_attention(model), numeric.autocast():
-            hyps = beam_search(
-                model,
-                batch.src.to(device),
-                batch.src_mask.to(device),
-                max_len,
-                BOS,
-                EOS,
-                beam_size=beam_size,
-                alpha=alpha,
-            )
+            src, src_mask = batch.src.to(device), batch.src_mask.to(device)
+            hyps = beam_search(model, src, src_mask, max_len, BOS, EOS, beam_size, alpha)
         for i, h in zip(ids, hyps):
             out[i] = tokenizer.decode([t for t in h if t not in (BOS, EOS, PAD)])
     return out

@@ -14,13 +14,16 @@ Parts, each run in its own process so that one failure does not hide the others:
   the projected hours to 100k and 300k steps. A projection: it multiplies measured step times and
   leaves out all-reduce time, data loading and checkpoints.
 
-On a machine without CUDA it says so and runs nothing. The JSON file holds each part's command,
+On a machine without CUDA it says so and runs nothing. The benchmark parts need only torch; the
+tests part needs pytest, pytest-xdist and the package's dependencies (requirements.txt), and
+without them is reported as not run. The JSON file holds each part's command,
 exit code, output tail and figures, with provenance (commit, device, date, torch version).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -129,7 +132,11 @@ def main(argv=None) -> int:
     report["parts"] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        if "tests" in parts:
+        missing = [m for m in ("pytest", "xdist", "sacrebleu") if not importlib.util.find_spec(m)]
+        if "tests" in parts and missing:
+            print(f"tests: not run, {', '.join(missing)} missing (pip install -r requirements.txt)")
+            report["parts"]["tests"] = {"returncode": "skipped", "missing": missing}
+        elif "tests" in parts:
             report["parts"]["tests"] = run(
                 [
                     sys.executable,

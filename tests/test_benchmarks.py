@@ -1,6 +1,7 @@
 """The benchmark runs end to end in its short mode (timings are reported, never asserted)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +16,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_train_step_benchmark_quick(tmp_path):
     out = tmp_path / "bench.json"
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "train_step.py"), "--quick", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    # as on a GPU machine with only torch: the package's other dependencies cannot be imported
+    blocked = ["tqdm", "sentencepiece", "sacrebleu", "sacremoses", "pandas", "altair"]
+    code = (
+        f"import runpy, sys; sys.modules.update(dict.fromkeys({blocked!r})); "
+        f"sys.argv = ['train_step.py', '--quick', '--json', {str(out)!r}]; "
+        f"runpy.run_path({str(ROOT / 'benchmarks' / 'train_step.py')!r}, run_name='__main__')"
     )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
     assert list(report["training"]) == ["fp32", "bf16"]  # a CPU times both precisions
@@ -46,6 +49,19 @@ def test_train_step_benchmark_quick(tmp_path):
             "torch.nn.Transformer, uncached",
         ]
         assert all(r["sentences_per_s"] > 0 for r in dec[beam].values())
+
+
+def test_gpu_suite_without_a_gpu_says_so_and_runs_nothing(tmp_path):
+    out = tmp_path / "suite.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py"), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert r.returncode == 0 and "no CUDA device" in r.stdout, r.stderr
+    assert not out.exists()
 
 
 def test_model_flops_counts_real_tokens_only():

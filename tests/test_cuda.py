@@ -170,3 +170,30 @@ def test_compile_on_cuda_trains_like_eager(tmp_path):
     for x, y in zip(*losses):
         assert abs(x - y) <= 1e-3 * abs(x) + 1e-4, (x, y)
     assert compiled["loss"] < 0.8 * losses[1][0]
+
+
+def test_fp16_with_the_gradient_scaler_learns_and_resumes_exactly_on_cuda(tmp_path):
+    """The T4 and V100 path: float16 autocast with the scaler, chosen by precision=fp16. The
+    scaler's state is in the checkpoint, so stopping and resuming gives the uninterrupted run."""
+    straight = small_run(
+        tmp_path, "straight", "max_steps=60", "checkpoint_every=30", "precision=fp16"
+    )
+    small_run(tmp_path, "split", "max_steps=30", "checkpoint_every=30", "precision=fp16")
+    resumed = small_run(
+        tmp_path, "split", "max_steps=60", "checkpoint_every=30", "precision=fp16", resume=True
+    )
+    a = torch.load(straight["last_checkpoint"], weights_only=False)
+    b = torch.load(resumed["last_checkpoint"], weights_only=False)
+    assert a["precision"]["name"] == "fp16" and a["precision"]["scaler"] is not None
+    assert a["precision"] == b["precision"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    records = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").open()]
+    assert records[-1]["loss"] < records[0]["loss"] and "skipped_steps" in records[-1]
+
+
+def test_auto_precision_on_cuda_is_bf16_where_supported_else_fp16():
+    from annotated.precision import choose_precision
+
+    expected = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    assert choose_precision("auto", CUDA) == expected
