@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .tokenizer import Tokenizer, load_tokenizer, train_tokenizer
     from .trainer import train
     from .translation import load_model, translate
+from .attention import attention  # noqa: E402
 
 _MODULE_OF = {
     "attention": "attention",

@@ -88,8 +88,8 @@ from .registry import TASKS
 
 # %% ../notebooks/09a_translate.ipynb #c004
 def config_from_checkpoint(state: dict) -> TrainConfig:
-    """The TrainConfig a checkpoint was trained with. Settings that no longer exist (an older
-    checkpoint's `bf16` switch, now `precision`) are dropped: none of them changes the model."""
+    """The TrainConfig a checkpoint was trained with. Settings that TrainConfig does not have
+    are dropped (none of them changes the model); the model's configuration must match."""
     saved = dict(state["config"])
     known = {f.name for f in fields(TrainConfig)}
     settings = {k: v for k, v in saved.items() if k in known}

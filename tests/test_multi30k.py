@@ -41,7 +41,7 @@ def test_translate_decodes_without_special_tokens(monkeypatch):
     translation = importlib.import_module("annotated.translation")
     task_tokenizer = Multi30kTask(multi30k_cpu_config()).tokenizer
 
-    def fake_beam_search(model, src, src_mask, max_len, bos, eos, *, beam_size, alpha):
+    def fake_beam_search(model, src, src_mask, max_len, bos, eos, beam_size, alpha):
         return [
             [BOS] + [t for t in row if t not in (PAD, EOS)] + [EOS, PAD] for row in src.tolist()
         ]

@@ -121,6 +121,10 @@ def _write_init(lib: Path) -> None:
         lines.append(f"    from .{module} import {', '.join(sorted(names, key=_isort_key))}")
     everything = [n for names in READER_API.values() for n in names]
     module_of = {n: module for module, names in READER_API.items() for n in names}
+    # a name that is also its module's name must be bound now: importing the submodule
+    # (which any other module may do) sets the package attribute to the module itself
+    same = sorted(n for n, module in module_of.items() if n == module)
+    lines += [f"from .{n} import {n}  # noqa: E402" for n in same]
     lines += [
         "",
         f"_MODULE_OF = {module_of!r}",
