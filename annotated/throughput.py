@@ -76,7 +76,7 @@ def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict
         "seconds_per_step": seconds,
         "target_tokens_per_step": tokens / steps,
         "target_tokens_per_s": tokens / sum(times),
-        "mfu": flops / sum(times) / matmul_rate(device),
+        "mfu": flops / sum(times) / matmul_rate(device, run.precision.dtype),
         "micro_batches_per_step": run.accum,
         "projected_hours": cfg.max_steps * seconds / 3600,
     }
