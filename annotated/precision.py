@@ -6,6 +6,7 @@ __all__ = ["PRECISIONS", "BF16_MARGIN", "Precision", "choose_precision", "bf16_s
 # %% ../notebooks/06b_fast_path.ipynb #p001
 # Numeric precision of training and decoding (chapter 6b): autocast, the float16 gradient scaler,
 # and the policy that picks a precision for a device.
+import statistics
 import time
 from contextlib import nullcontext
 
@@ -93,20 +94,20 @@ def choose_precision(requested: str, device, probe=None) -> str:
     return "fp32"
 
 
-def bf16_speedup(model, loss_fn, *, repeats: int = 3) -> float:
-    """fp32 time / bf16 time of loss_fn() (the loss of one batch) and its backward pass, best of
-    `repeats` after one warm-up each. Gradients are cleared and the random state restored."""
+def bf16_speedup(model, loss_fn, *, repeats: int = 5) -> float:
+    """fp32 time / bf16 time of loss_fn() (the loss of one batch) and its backward pass: medians
+    of `repeats` rounds that alternate the two, after one warm-up round, so that a machine busy
+    with something else slows both alike. Gradients are cleared and the random state restored."""
     rng = torch.get_rng_state()
-    best = {}
-    for name in ("fp32", "bf16"):
-        times = []
-        for _ in range(repeats + 1):
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for round_ in range(repeats + 1):
+        for name, seconds in times.items():
             start = time.perf_counter()
             with Precision(name, "cpu").autocast():
                 loss = loss_fn()
             loss.backward()
-            times.append(time.perf_counter() - start)
-        best[name] = min(times[1:])
+            if round_ > 0:  # round 0 warms up both
+                seconds.append(time.perf_counter() - start)
     model.zero_grad(set_to_none=True)
     torch.set_rng_state(rng)
-    return best["fp32"] / best["bf16"]
+    return statistics.median(times["fp32"]) / statistics.median(times["bf16"])
