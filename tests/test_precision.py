@@ -119,3 +119,10 @@ def test_fp16_trainer_skips_overflowed_steps_checkpoints_finite_weights_and_resu
     )
     assert json.loads((tmp_path / "a" / "run.json").read_text())["precision"] == "fp16"
     assert records[-1]["loss"] < records[0]["loss"]  # it learns once the scale fits
+
+
+def test_bf16_probe_stops_at_once_where_bf16_matrix_multiplies_are_slower(monkeypatch):
+    monkeypatch.setattr(precision_module, "matmul_speedup", lambda: 0.01)  # emulated bf16
+    calls = []
+    assert bf16_speedup(tiny_model(), lambda: calls.append(1)) == 0.01
+    assert calls == []  # no forward or backward pass was run
