@@ -57,20 +57,20 @@ def translate(
     model.eval()
     numeric = Precision(choose_precision(precision, device), device)  # no CPU probe: fp32
     starts = range(0, len(order), batch_size)
-    for k in tqdm(
+    bar = tqdm(
         starts,
         desc="translating",
         unit="batch",
         file=sys.stderr,
         disable=not progress or len(starts) < 2,
-    ):
-        ids = order[k : k + batch_size]
-        batch = make_batch([kept[i] for i in ids])
-        with fused_attention(model), numeric.autocast():
+    )
+    with fused_attention(model), numeric.autocast():  # once for all batches
+        for k in bar:
+            batch = make_batch([kept[i] for i in order[k : k + batch_size]])
             src, src_mask = batch.src.to(device), batch.src_mask.to(device)
             hyps = beam_search(model, src, src_mask, max_len, BOS, EOS, beam_size, alpha)
-        for i, h in zip(ids, hyps):
-            out[i] = tokenizer.decode([t for t in h if t not in (BOS, EOS, PAD)])
+            for i, h in zip(order[k : k + batch_size], hyps):
+                out[i] = tokenizer.decode([t for t in h if t not in (BOS, EOS, PAD)])
     return out
 
 

@@ -36,8 +36,9 @@ self-attention counting n(n+1)/2 query-key pairs. The matmul rate is measured he
 matrices in the precision being timed.
 
 Decoding: beam search at beams 1 and 4 on 32 random sources with outputs of exactly 50 tokens, for
-the book's decoder (key/value cache, fused attention), the same without cache, and
-torch.nn.Transformer's decoder in the same cache-free loop.
+the book's decoder (key/value cache, fused attention: what translate runs), the book's uncached
+reference (use_cache=False, reference attention), and torch.nn.Transformer's decoder in the same
+cache-free loop.
 
 Speed goals live here, never in timed tests.
 """
@@ -74,7 +75,7 @@ from annotated.loss import (
     LabelSmoothing,
 )
 from annotated.multihead import MultiHeadedAttention
-from annotated.precision import Precision
+from annotated.precision import Precision, choose_precision
 from annotated.provenance import provenance
 from annotated.schedule import make_optimizer
 from annotated.step import loss_on_batch
@@ -226,7 +227,8 @@ def time_training(
         stages = {FAST: stages[FAST]}
         del base, attn_only
     cuda = device.type == "cuda"
-    autocast = Precision(precision, device).autocast
+    numeric = Precision(precision, device)
+    autocast = numeric.autocast
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def book_step(model, crit, forward=None, fused_adam=False):
@@ -291,7 +293,7 @@ def time_training(
             sync()
             times[name].append(time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in times.items()}
-    rate = matmul_rate(device, dtype=Precision(precision, device).dtype or torch.float32)
+    rate = matmul_rate(device, dtype=numeric.dtype or torch.float32)
     first = next(iter(med))  # the reference, or the fast path alone with only_fast
     results = {
         k: {
@@ -347,8 +349,9 @@ class TorchStepDecoder:
 def time_decoding(cfg, device, sentences, out_tokens, rounds, precision="fp32"):
     """Beam search at beams 1 and 4 (alpha 0.6) on the same random sources, end symbol suppressed
     so that every output is exactly out_tokens long: the book's decoder with its cache and fused
-    attention (what translate runs), the same without the cache, and torch.nn.Transformer's decoder
-    in the same cache-free loop. Random weights: only the work per token matters here."""
+    attention (what translate runs), its uncached reference (use_cache=False on the reference
+    attention), and torch.nn.Transformer's decoder in the same cache-free loop. Random weights:
+    only the work per token matters here."""
     vocab, sizes = cfg["vocab"], {k: cfg[k] for k in ("N", "d_model", "d_ff", "h", "norm_first")}
     torch.manual_seed(0)
     model = make_model(vocab, vocab, **sizes).to(device).eval()
@@ -408,7 +411,7 @@ def time_decoding(cfg, device, sentences, out_tokens, rounds, precision="fp32"):
 def default_precisions(device) -> list[str]:
     """CPU: both fp32 and bf16 (which pays depends on the CPU); CUDA: bf16 where supported."""
     if device.type == "cuda":
-        return ["bf16" if torch.cuda.is_bf16_supported() else "fp16"]
+        return [choose_precision("auto", device)]
     return ["fp32", "bf16"]
 
 
