@@ -29,9 +29,10 @@ class Progress:
         )
         self.every, self.last_step = cfg.log_every, cfg.max_steps
         self.start = self.window_start = time.time()
-        self.window_tokens = 0
+        self.window_tokens, self.window_waited = 0, 0.0
 
-    def update(self, step: int, loss: float, lr: float, tokens: int, skipped=None) -> None:
+    def update(self, step, loss, lr, tokens: int, skipped=None, *, waited: float = 0.0) -> None:
+        """skipped: fp16 steps skipped so far; waited: seconds spent waiting for data so far."""
         self.window_tokens += tokens
         if self.log is None:
             return
@@ -44,11 +45,12 @@ class Progress:
         if step % self.every == 0 or step == self.last_step:
             seconds = time.time() - self.start
             record = dict(step=step, loss=loss, lr=lr, target_tokens_per_s=tok_s, elapsed_s=seconds)
+            record["data_wait"] = (waited - self.window_waited) / elapsed if elapsed > 0 else 0.0
             if skipped is not None:  # fp16: optimiser steps skipped so far
                 record["skipped_steps"] = skipped
             self.log.write(json.dumps(record) + "\n")
             self.log.flush()
-            self.window_tokens, self.window_start = 0, time.time()
+            self.window_tokens, self.window_start, self.window_waited = 0, time.time(), waited
 
     def close(self) -> None:
         self.bar.close()

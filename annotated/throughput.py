@@ -53,6 +53,7 @@ def matmul_rate(device, dtype=None) -> float:
 def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict:
     """Time `steps` optimiser steps of `cfg` in one process on this machine, after one untimed
     step, and project the whole run (max_steps) from the median step time."""
+    from annotated.prefetch import Prefetcher
     from annotated.trainer import _build, _precision, _step  # the trainer: only to measure it
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -60,17 +61,25 @@ def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict
     run.precision, m = _precision(cfg, run, device, 1, None), cfg.model
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times, flops, tokens = [], 0.0, 0
+    micro = range(run.accum)
+    prefetch = Prefetcher(
+        lambda s: [run.task.micro_batch(s, j) for j in micro],
+        run.step,
+        run.step + steps + 1,
+        device,
+    )
     for i in range(steps + 1):
         if i:  # the timed step's micro-batches, for its FLOPs (a pure function of the step)
             batches = [run.task.micro_batch(run.step, j) for j in range(run.accum)]
             flops += sum(model_flops(b, vocab=run.task.tgt_vocab, **vars(m)) for b in batches)
         sync()
         start = time.perf_counter()
-        _, _, step_tokens = _step(run, run.model, cfg, 0, 1, device)
+        _, _, step_tokens = _step(run, run.model, cfg, 0, 1, device, prefetch)
         sync()
         if i:  # the first step warms up kernels and allocator
             times.append(time.perf_counter() - start)
             tokens += step_tokens
+    prefetch.close()
     seconds = sorted(times)[len(times) // 2]
     return {
         "seconds_per_step": seconds,

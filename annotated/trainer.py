@@ -34,6 +34,7 @@ from .fast import make_fast
 from .loss import FusedLabelSmoothing, LabelSmoothing
 from .model import make_model
 from .precision import Precision, bf16_speedup, choose_precision
+from .prefetch import Prefetcher
 from .progress import Progress
 from .registry import TASKS
 from .schedule import make_optimizer
@@ -166,11 +167,11 @@ def _resume(run: _Run, path: Path) -> dict | None:
 
 
 # %% ../notebooks/06c_trainer.ipynb #c015c
-def _step(run: _Run, model, cfg: TrainConfig, rank: int, world: int, device):
-    """One optimiser step -> (mean loss per target token, learning rate used, target tokens)."""
+def _step(run: _Run, model, cfg: TrainConfig, rank: int, world: int, device, batches):
+    """One optimiser step -> (mean loss per target token, learning rate used, target tokens).
+    `batches`: the Prefetcher of this process's micro-batches (below)."""
     torch.manual_seed(cfg.seed * 1_000_003 + run.step * 7_919 + rank)  # masks follow the step
-    index = range(rank * run.accum, (rank + 1) * run.accum)  # this process's micro-batches
-    micro = [run.task.micro_batch(run.step, j).to(device) for j in index]
+    micro = batches.get(run.step)  # on the device
     total_tokens = int(all_sum(sum(b.ntokens for b in micro), world, device))
     lr = run.scheduler.get_last_lr()[0]  # the rate this step's update uses
     stats = train_step(
@@ -263,15 +264,20 @@ def _train_locked(
     if cfg.compile:
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]  # batches change shape from step to step
     log = Progress(out, cfg, run.step, writes=rank == 0, bar=progress)
+    index = range(rank * run.accum, (rank + 1) * run.accum)  # this process's micro-batches
+    batches = Prefetcher(
+        lambda step: [run.task.micro_batch(step, j) for j in index], run.step, cfg.max_steps, device
+    )
     last_path, loss, run_tokens, last_time = None, None, 0, time.time()
     run.model.train()
     try:
         while run.step < cfg.max_steps:
-            loss, lr, tokens = _step(run, model, cfg, rank, world, device)
+            loss, lr, tokens = _step(run, model, cfg, rank, world, device, batches)
             if not math.isfinite(loss):
                 raise _diverged(out, run.step, f"the loss became {loss}")
             run_tokens += tokens
-            log.update(run.step, loss, lr, tokens, precision.skipped if precision.scaler else None)
+            skipped = precision.skipped if precision.scaler else None
+            log.update(run.step, loss, lr, tokens, skipped, waited=batches.waited)
             if rank == 0 and _checkpoint_due(cfg, run.step, last_time):
                 last_path, last_time = _checkpoint(out, run, cfg, world), time.time()
     except KeyboardInterrupt:
@@ -282,10 +288,12 @@ def _train_locked(
             f"command and --resume."
         ) from None
     finally:
+        batches.close()
         log.close()
-    return _summary(
+    summary = _summary(
         out, cfg, run.step, time.time() - log.start, loss, run_tokens, last_path, world, rank
     )
+    return {**summary, "data_wait_s": batches.waited}
 
 
 # %% ../notebooks/06c_trainer.ipynb #c015e3

@@ -225,7 +225,7 @@ def time_training(
     }
     if only_fast:
         stages = {FAST: stages[FAST]}
-        del base, attn_only
+        del attn_only
     cuda = device.type == "cuda"
     numeric = Precision(precision, device)
     autocast = numeric.autocast

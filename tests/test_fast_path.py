@@ -103,6 +103,45 @@ def test_fast_attention_keeps_no_weights_and_respects_dropout_mode():
     assert not torch.equal(model.encode(src, (src != PAD)[:, None]), a)
 
 
+def test_fused_kernel_pays_everywhere_but_a_cpu_in_16_bit_floats():
+    from annotated.multihead import fused_kernel_pays
+
+    for dtype, pays in ((torch.float32, True), (torch.float64, True), (torch.bfloat16, False)):
+        assert fused_kernel_pays(torch.zeros(1, dtype=dtype)) is pays
+    assert not fused_kernel_pays(torch.zeros(1, dtype=torch.float16))
+    assert fused_kernel_pays(torch.zeros(1, dtype=torch.bfloat16, device="meta"))
+
+
+def test_fast_attention_in_bf16_on_cpu_runs_the_reference_softmax():
+    torch.manual_seed(0)
+    ref = MultiHeadedAttention(4, 32, dropout=0.0)
+    fast = copy.deepcopy(ref)
+    fast.fast = True
+    x = torch.randn(3, 5, 32)
+    mask = torch.ones(3, 1, 5, dtype=torch.bool)
+    mask[1, :, 3:] = False
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = fast(x, x, x, mask), ref(x, x, x, mask)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want)  # the same kernels, bit for bit
+    assert fast.attn is not None  # the reference softmax keeps its weights
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_query_that_sees_no_key_gets_zeros_from_both_kernels(dtype):
+    from annotated.attention import attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 2, 3, 8).to(dtype).unbind(0)  # (batch, h, n, d_k) each
+    mask = torch.tensor([[[[True, True, False], [False, False, False], [True, True, True]]]])
+    fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    explicit, _ = attention(q, k, v, mask)
+    for out in (fused, explicit):
+        assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))  # the blind query
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(fused, explicit, **tol)
+
+
 @pytest.mark.parametrize("cross", [False, True])
 def test_stacked_projections_equal_separate_ones(cross):
     torch.manual_seed(0)
@@ -129,16 +168,48 @@ def test_fused_loss_equals_label_smoothing(V, eps):
     gen = make_model(V, V, N=1, d_model=8, d_ff=16, h=2).generator.double()
     slow = LabelSmoothing(V, PAD, eps)(gen(hidden).reshape(-1, V), target.reshape(-1))
     grads_slow = torch.autograd.grad(slow, [hidden, *gen.parameters()])
-    fast = FusedLabelSmoothing(V, PAD, eps).from_decoder(hidden, target, gen)
-    grads_fast = torch.autograd.grad(fast, [hidden, *gen.parameters()])
-    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-10)
-    for a, b in zip(grads_fast, grads_slow):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    for chunk in (None, 1, 4, 100):  # whole, one position, uneven chunks (26 positions), more
+        fast = FusedLabelSmoothing(V, PAD, eps, chunk=chunk).from_decoder(hidden, target, gen)
+        grads_fast = torch.autograd.grad(fast, [hidden, *gen.parameters()])
+        torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-10)
+        for a, b in zip(grads_fast, grads_slow):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():  # the loss alone, no gradient work
+        torch.testing.assert_close(
+            FusedLabelSmoothing(V, PAD, eps).from_decoder(hidden, target, gen),
+            slow,
+            rtol=1e-12,
+            atol=1e-10,
+        )
     # a drop-in: both losses take both kinds of input with the same arguments
     same = LabelSmoothing(V, PAD, eps).from_decoder(hidden, target, gen)
     torch.testing.assert_close(same, slow, rtol=1e-12, atol=1e-12)
     on_log_probs = FusedLabelSmoothing(V, PAD, eps)(gen(hidden).reshape(-1, V), target.reshape(-1))
     torch.testing.assert_close(on_log_probs, slow, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_loss_under_bf16_autocast_multiplies_in_bf16_and_sums_in_float32():
+    torch.manual_seed(0)
+    V = 300
+    hidden = torch.randn(4, 9, 32, requires_grad=True)
+    target = torch.randint(3, V, (4, 9))
+    target[1, 5:] = PAD
+    gen = make_model(V, V, N=1, d_model=32, d_ff=16, h=2).generator
+    params = [hidden, *gen.parameters()]
+    exact = FusedLabelSmoothing(V, PAD, 0.1).from_decoder(hidden, target, gen)
+    grads = torch.autograd.grad(exact, params)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = FusedLabelSmoothing(V, PAD, 0.1, chunk=5).from_decoder(hidden, target, gen)
+        ref = LabelSmoothing(V, PAD, 0.1).from_decoder(hidden, target, gen)
+    assert low.dtype == torch.float32
+    grads_low = torch.autograd.grad(low, params)
+    grads_ref = torch.autograd.grad(ref, params)
+    torch.testing.assert_close(low, ref, rtol=1e-3, atol=0)  # the same bf16 logits
+    torch.testing.assert_close(low, exact, rtol=1e-2, atol=0)
+    for a, b, c in zip(grads_low, grads_ref, grads):
+        assert a.dtype == c.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0, atol=0.02 * b.abs().max().item())
+        torch.testing.assert_close(a, c, rtol=0, atol=0.02 * c.abs().max().item())
 
 
 def test_fused_loss_rejects_a_generator_of_another_size():

@@ -1,0 +1,94 @@
+"""The background data path (chapter 6c): batches built ahead in a thread, in order, with errors
+handed to the training loop and the waiting time counted."""
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from annotated.batching import make_batch
+from annotated.errors import ExpectedError
+from annotated.prefetch import Prefetcher
+from annotated.registry import build_config
+from annotated.trainer import train
+
+
+def make(step):
+    g = torch.Generator().manual_seed(step)
+    return [
+        make_batch(
+            [torch.randint(3, 20, (4 + j,), generator=g).tolist() for _ in range(3)],
+            [torch.randint(3, 20, (5 + j,), generator=g).tolist() for _ in range(3)],
+        )
+        for j in range(2)
+    ]
+
+
+def test_batches_come_in_order_and_equal_the_synchronous_ones():
+    prefetch = Prefetcher(make, 3, 9, "cpu")
+    try:
+        for step in range(3, 9):
+            got, want = prefetch.get(step), make(step)
+            assert len(got) == len(want) == 2
+            for a, b in zip(got, want):
+                assert torch.equal(a.src, b.src) and torch.equal(a.tgt, b.tgt)
+                assert torch.equal(a.tgt_mask, b.tgt_mask) and a.ntokens == b.ntokens
+    finally:
+        prefetch.close()
+    assert prefetch.waited >= 0
+    assert not prefetch._thread.is_alive()
+
+
+def test_the_loop_waits_only_when_the_thread_is_slower():
+    def slow(step):
+        time.sleep(0.05)
+        return make(step)
+
+    prefetch = Prefetcher(slow, 0, 6, "cpu", depth=2)
+    for step in range(6):
+        prefetch.get(step)  # nothing to compute between steps: the loop waits for every build
+    prefetch.close()
+    assert 0.2 < prefetch.waited < 2.0
+
+    prefetch = Prefetcher(slow, 0, 4, "cpu", depth=4)
+    time.sleep(0.5)  # a long step: the thread builds everything meanwhile
+    for step in range(4):
+        prefetch.get(step)
+    prefetch.close()
+    assert prefetch.waited < 0.04
+
+
+def test_an_error_in_the_thread_is_raised_by_get_with_its_message():
+    def broken(step):
+        if step == 2:
+            raise ExpectedError("the data file is corrupt: rebuild it")
+        return make(step)
+
+    prefetch = Prefetcher(broken, 0, 5, "cpu")
+    prefetch.get(0)
+    prefetch.get(1)
+    with pytest.raises(ExpectedError, match="corrupt: rebuild it"):
+        prefetch.get(2)
+    prefetch.close()
+
+
+def test_close_stops_a_thread_blocked_on_a_full_queue():
+    prefetch = Prefetcher(make, 0, 1000, "cpu", depth=1)
+    time.sleep(0.2)  # the queue is full and the thread waits to put the next step
+    start = time.perf_counter()
+    prefetch.close()
+    assert time.perf_counter() - start < 2.0
+    assert not prefetch._thread.is_alive()
+    assert "batches" not in [t.name for t in threading.enumerate()]
+
+
+def test_the_trainer_logs_the_fraction_of_time_spent_waiting_for_data(tmp_path):
+    cfg = build_config("copy", ["max_steps=6", "log_every=2", "checkpoint_every=6"])
+    summary = train(cfg, tmp_path, progress=False)
+    lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in lines] == [2, 4, 6]
+    assert all(0.0 <= r["data_wait"] < 1.0 for r in lines)
+    assert 0.0 <= summary["data_wait_s"] < summary["seconds"]
+    assert "batches" not in [t.name for t in threading.enumerate()]  # the thread has ended
