@@ -49,6 +49,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -76,6 +77,7 @@ from annotated.loss import (
 )
 from annotated.multihead import MultiHeadedAttention
 from annotated.precision import Precision, choose_precision
+from annotated.prefetch import Prefetcher
 from annotated.provenance import provenance
 from annotated.schedule import make_optimizer
 from annotated.step import loss_on_batch
@@ -320,6 +322,82 @@ def time_training(
     }
 
 
+def time_data(cfg, device, steps, precision="fp32"):
+    """The fraction of a training step spent waiting for data, for batches built by make_batch
+    from token lists (as the Multi30k and WMT tasks build them): built in the loop, before each
+    step, or ahead of it by the trainer's Prefetcher (a background thread)."""
+    lists = []
+    for b in random_batches(steps, cfg["vocab"], cfg["tokens"], seed=1):
+        tgt = torch.cat([b.tgt, b.tgt_y[:, -1:]], dim=1)
+        lists.append(([r.tolist() for r in b.src], [r[r != PAD].tolist() for r in tgt]))
+
+    def make(step):
+        return [make_batch(*lists[step])]
+
+    torch.manual_seed(0)
+    sizes = {k: cfg[k] for k in ("N", "d_model", "d_ff", "h", "norm_first")}
+    model = make_fast(make_model(cfg["vocab"], cfg["vocab"], dropout=0.1, **sizes)).to(device)
+    crit, opt = (
+        FusedLabelSmoothing(cfg["vocab"], PAD, 0.1),
+        make_optimizer(model, d_model=cfg["d_model"], fused=True)[0],
+    )
+    autocast, cuda = Precision(precision, device).autocast, device.type == "cuda"
+
+    def step(micro):
+        loss = loss_on_batch(model, micro[0], crit, autocast=autocast())
+        (loss / micro[0].ntokens).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+
+    step([b.to(device) for b in make(0)])  # warm-up
+    start, build = time.perf_counter(), 0.0
+    for i in range(steps):
+        t = time.perf_counter()
+        micro = [b.to(device) for b in make(i)]
+        build += time.perf_counter() - t
+        step(micro)
+    in_loop = time.perf_counter() - start
+    prefetch, start = Prefetcher(make, 0, steps, device), time.perf_counter()
+    for i in range(steps):
+        step(prefetch.get(i))
+    ahead = time.perf_counter() - start
+    prefetch.close()
+    return {
+        "steps": steps,
+        "precision": precision,
+        "build_ms_per_step": 1000 * build / steps,
+        "built_in_the_loop": {"s_per_step": in_loop / steps, "data_fraction": build / in_loop},
+        "built_ahead": {"s_per_step": ahead / steps, "wait_fraction": prefetch.waited / ahead},
+    }
+
+
+def best_precisions(training: dict) -> dict:
+    """Each contender in the precision where it ran fastest, and the fast path's ratios to them:
+    the comparison the speed goals ask for."""
+    names = {
+        "reference": "reference",
+        "fast path": FAST,
+        "torch.nn.Transformer": "torch.nn.Transformer",
+    }
+    best = {}
+    for short, key in names.items():
+        runs = {
+            p: t["results"][key]["median_s_per_step"]
+            for p, t in training.items()
+            if key in t["results"]
+        }
+        if runs:
+            p = min(runs, key=runs.get)
+            best[short] = {"precision": p, "median_s_per_step": runs[p]}
+    fast = best.get("fast path", {}).get("median_s_per_step")
+    for short in ("reference", "torch.nn.Transformer"):
+        if fast and short in best:
+            best[f"fast path vs {short}"] = best[short]["median_s_per_step"] / fast
+    return best
+
+
 class TorchStepDecoder:
     """torch.nn.Transformer's decoder under the book's beam search: it has no cache, so every
     step runs the decoder on the whole prefix (the loop the book's use_cache=False also runs)."""
@@ -457,6 +535,7 @@ def main(argv=None) -> int:
         "--compile", action="store_true", help="also time the fast path under torch.compile"
     )
     ap.add_argument("--no-decode", action="store_true", help="skip the beam-search timing")
+    ap.add_argument("--no-data", action="store_true", help="skip the data-path timing")
     ap.add_argument(
         "--only-fast", action="store_true", help="time the fast path alone (and --compile)"
     )
@@ -477,6 +556,7 @@ def main(argv=None) -> int:
         argv if argv is not None else sys.argv[1:]
     )
     report = provenance(command.strip(), device)
+    report["malloc_environment"] = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     report["preset"], report["config"] = args.preset, cfg
     precisions = args.precision.split(",") if args.precision else default_precisions(device)
     report["training"] = {}
@@ -492,6 +572,21 @@ def main(argv=None) -> int:
             only_fast=args.only_fast,
         )
         print_training(precision, training)
+    report["best"] = best = best_precisions(report["training"])
+    for short in ("reference", "torch.nn.Transformer"):
+        if f"fast path vs {short}" in best:
+            print(
+                f"best precision of each: fast path ({best['fast path']['precision']}) vs {short} "
+                f"({best[short]['precision']}): {best[f'fast path vs {short}']:.2f}x"
+            )
+    if not args.no_data:
+        first = best["fast path"]["precision"]
+        report["data"] = data = time_data(cfg, device, 6 if args.preset == "quick" else 40, first)
+        print(
+            f"\ndata ({first}): a step's batches take {data['build_ms_per_step']:.1f} ms to build; "
+            f"built in the loop, {data['built_in_the_loop']['data_fraction']:.1%} of step time; "
+            f"built ahead, {data['built_ahead']['wait_fraction']:.1%} spent waiting"
+        )
     if not args.no_decode:
         quick = args.preset == "quick"
         report["decoding"] = time_decoding(
