@@ -197,3 +197,36 @@ def test_auto_precision_on_cuda_is_bf16_where_supported_else_fp16():
 
     expected = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     assert choose_precision("auto", CUDA) == expected
+
+
+def test_prefetched_batches_are_pinned_then_arrive_on_the_gpu():
+    from annotated.prefetch import Prefetcher
+
+    seen = []
+
+    def make(step):
+        batch = copy_batch(11, 4, generator=torch.Generator().manual_seed(step))
+        seen.append(batch)
+        return [batch]
+
+    prefetch = Prefetcher(make, 0, 3, "cuda")
+    for step in range(3):
+        (batch,) = prefetch.get(step)
+        assert batch.src.is_cuda and batch.tgt_mask.is_cuda
+        want = copy_batch(11, 4, generator=torch.Generator().manual_seed(step))
+        assert torch.equal(batch.src.cpu(), want.src)
+    prefetch.close()
+    assert prefetch.waited >= 0
+
+
+def test_fused_loss_in_bf16_on_cuda_matches_float32():
+    torch.manual_seed(0)
+    V = 1000
+    gen = make_model(V, V, N=1, d_model=64, d_ff=16, h=2).generator.cuda()
+    hidden = torch.randn(8, 20, 64, device="cuda", requires_grad=True)
+    target = torch.randint(3, V, (8, 20), device="cuda")
+    exact = FusedLabelSmoothing(V, PAD, 0.1).from_decoder(hidden, target, gen)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        low = FusedLabelSmoothing(V, PAD, 0.1, chunk=37).from_decoder(hidden, target, gen)
+    assert low.dtype == torch.float32
+    torch.testing.assert_close(low, exact, rtol=1e-2, atol=0)

@@ -127,6 +127,7 @@ def write_results(
             if metrics
             else 0.0,
             "final_training_loss": metrics[-1]["loss"] if metrics else None,
+            "precision": run.get("precision"),  # what precision="auto" chose
         },
         "evaluation": {k: report[k] for k in ("checkpoints", "beam_size", "alpha", "tests")},
         "config": run.get("config"),
