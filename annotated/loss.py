@@ -68,10 +68,15 @@ def _smoothing_entropy(confidence: float, eps: float, size: int) -> float:
     return h - ((size - 2) * eps * math.log(eps) if eps > 0 else 0.0)
 
 
-def smoothed_cross_entropy(logits, target, eps: float, confidence: float, pad: int, *, grad: bool):
+def smoothed_cross_entropy(
+    logits, target, eps: float, confidence: float, pad: int, *, grad, out=None
+):
     """-sum_k q_k log p_k summed over rows of logits (tokens, vocab), p = softmax(logits), q as in
-    LabelSmoothing; with grad=True also dL/dz = p - q, built in place of log p."""
-    log_p = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=1)
+    LabelSmoothing; with grad=True also dL/dz = p - q, built in place of log p. `out`: a float32
+    (or float64) buffer of the logits' shape for log p, or None for new memory."""
+    log_p = torch.log_softmax(
+        logits.to(torch.promote_types(logits.dtype, torch.float32)), 1, out=out
+    )
     log_p_y = log_p.gather(1, target[:, None]).squeeze(1)  # (tokens,)
     log_p_rest = log_p.sum(1) - log_p_y - log_p[:, pad]  # the other V - 2 tokens, summed
     cross = -(confidence * log_p_y + eps * log_p_rest).sum()
@@ -99,16 +104,26 @@ class ProjectedSmoothedKL(torch.autograd.Function):
         gx = torch.empty_like(x)  # (tokens, d_model)
         gw = torch.zeros_like(weight)  # (vocab, d_model)
         gb = torch.zeros_like(bias)  # (vocab,)
+        # one chunk's buffers, reused by every chunk: fresh memory costs a page fault per 4 kB
+        n, wide = min(chunk, rows), loss_dtype
+        z_buf, gw_buf = x.new_empty((n, size), dtype=dtype), x.new_empty(gw.shape, dtype=dtype)
+        wide_buf = x.new_empty((n, size), dtype=wide) if dtype != wide else None
+        log_p_buf = x.new_empty((n, size), dtype=wide)
         for start in range(0, rows, chunk):
             part = slice(start, start + chunk)
-            z = torch.addmm(b, xs[part], w.t())  # (chunk, vocab) logits
-            cross, g = smoothed_cross_entropy(z, target[part], eps, confidence, pad, grad=grad)
+            m = target[part].size(0)  # rows of this chunk
+            z = torch.addmm(b, xs[part], w.t(), out=z_buf[:m])  # (chunk, vocab) logits
+            if wide_buf is not None:
+                z = wide_buf[:m].copy_(z)  # float32 for the softmax
+            cross, g = smoothed_cross_entropy(
+                z, target[part], eps, confidence, pad, grad=grad, out=log_p_buf[:m]
+            )
             total += cross
             if g is not None:
                 gb += g.sum(0)
-                g = g.to(dtype)
+                g = z_buf[:m].copy_(g) if wide_buf is not None else g  # the matmuls' precision
                 gx[part] = g @ w  # (chunk, d_model)
-                gw += g.t() @ xs[part]  # (vocab, d_model), accumulated in the weight's dtype
+                gw += torch.mm(g.t(), xs[part], out=gw_buf)  # (vocab, d_model), in float32
         ctx.save_for_backward(gx, gw, gb)
         ctx.grad = grad
         return total - rows * _smoothing_entropy(confidence, eps, size)
