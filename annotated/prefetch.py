@@ -18,13 +18,15 @@ from .batching import Batch
 
 # %% ../notebooks/06c_trainer.ipynb #c015p
 class Prefetcher:
-    """The micro-batches of steps first .. last - 1, built by `make(step)` in a background thread
-    while earlier steps compute. On CUDA they are pinned, and `get` starts the non-blocking copy
-    of the next step's batches before it returns this step's. `waited`: seconds `get` spent
-    waiting for the thread."""
+    """The micro-batches of steps first .. last - 1, built by `make(step)`. With `background`
+    (the default on GPUs) a thread builds them while earlier steps compute; on CUDA they are
+    pinned, and `get` starts the non-blocking copy of the next step's batches before it returns
+    this step's. Without it (the default on a CPU), `get` builds them. `waited`: seconds `get`
+    spent waiting for the thread, or building."""
 
-    def __init__(self, make: Callable[[int], list[Batch]], first: int, last: int, device, depth=2):
-        self.device, self.last, self.waited = torch.device(device), last, 0.0
+    def __init__(self, make: Callable[[int], list[Batch]], first: int, last: int, device, *,
+                 depth: int = 2, background: bool | None = None):  # fmt: skip
+        self.device, self.last, self.waited, self.make = torch.device(device), last, 0.0, make
         self._queue: queue.Queue = queue.Queue(maxsize=depth)  # built steps, at most `depth`
         self._stop = threading.Event()
         self._ahead: tuple[int | None, Any] | None = None  # the next step's, already sent
@@ -32,7 +34,9 @@ class Prefetcher:
         self._thread = threading.Thread(
             target=self._work, args=(make, first, last, pin), name="batches", daemon=True
         )
-        self._thread.start()
+        self.background = self.device.type != "cpu" if background is None else background
+        if self.background:
+            self._thread.start()
 
     def _work(self, make, first: int, last: int, pin: bool) -> None:
         try:
@@ -66,6 +70,11 @@ class Prefetcher:
 
     def get(self, step: int) -> list[Batch]:
         """This process's micro-batches of `step`, on the device."""
+        if not self.background:
+            start = time.perf_counter()  # no thread: build them here
+            micro = [b.to(self.device) for b in self.make(step)]
+            self.waited += time.perf_counter() - start
+            return micro
         got = self._ahead or self._take(block=True)
         assert got is not None
         if got[0] is None:
@@ -76,4 +85,5 @@ class Prefetcher:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self.background:
+            self._thread.join()

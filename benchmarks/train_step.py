@@ -325,7 +325,8 @@ def time_training(
 def time_data(cfg, device, steps, precision="fp32"):
     """The fraction of a training step spent waiting for data, for batches built by make_batch
     from token lists (as the Multi30k and WMT tasks build them): built in the loop, before each
-    step, or ahead of it by the trainer's Prefetcher (a background thread)."""
+    step (the trainer's way on a CPU), or ahead of it by a background thread (its way on a GPU),
+    with the step time of each: on a CPU the thread competes with the step for the cores."""
     lists = []
     for b in random_batches(steps, cfg["vocab"], cfg["tokens"], seed=1):
         tgt = torch.cat([b.tgt, b.tgt_y[:, -1:]], dim=1)
@@ -359,7 +360,8 @@ def time_data(cfg, device, steps, precision="fp32"):
         build += time.perf_counter() - t
         step(micro)
     in_loop = time.perf_counter() - start
-    prefetch, start = Prefetcher(make, 0, steps, device), time.perf_counter()
+    prefetch = Prefetcher(make, 0, steps, device, background=True)  # the GPU default, timed here
+    start = time.perf_counter()
     for i in range(steps):
         step(prefetch.get(i))
     ahead = time.perf_counter() - start

@@ -27,7 +27,7 @@ def make(step):
 
 
 def test_batches_come_in_order_and_equal_the_synchronous_ones():
-    prefetch = Prefetcher(make, 3, 9, "cpu")
+    prefetch = Prefetcher(make, 3, 9, "cpu", background=True)
     try:
         for step in range(3, 9):
             got, want = prefetch.get(step), make(step)
@@ -46,13 +46,13 @@ def test_the_loop_waits_only_when_the_thread_is_slower():
         time.sleep(0.05)
         return make(step)
 
-    prefetch = Prefetcher(slow, 0, 6, "cpu", depth=2)
+    prefetch = Prefetcher(slow, 0, 6, "cpu", depth=2, background=True)
     for step in range(6):
         prefetch.get(step)  # nothing to compute between steps: the loop waits for every build
     prefetch.close()
     assert 0.2 < prefetch.waited < 2.0
 
-    prefetch = Prefetcher(slow, 0, 4, "cpu", depth=4)
+    prefetch = Prefetcher(slow, 0, 4, "cpu", depth=4, background=True)
     time.sleep(0.5)  # a long step: the thread builds everything meanwhile
     for step in range(4):
         prefetch.get(step)
@@ -66,7 +66,7 @@ def test_an_error_in_the_thread_is_raised_by_get_with_its_message():
             raise ExpectedError("the data file is corrupt: rebuild it")
         return make(step)
 
-    prefetch = Prefetcher(broken, 0, 5, "cpu")
+    prefetch = Prefetcher(broken, 0, 5, "cpu", background=True)
     prefetch.get(0)
     prefetch.get(1)
     with pytest.raises(ExpectedError, match="corrupt: rebuild it"):
@@ -75,13 +75,33 @@ def test_an_error_in_the_thread_is_raised_by_get_with_its_message():
 
 
 def test_close_stops_a_thread_blocked_on_a_full_queue():
-    prefetch = Prefetcher(make, 0, 1000, "cpu", depth=1)
+    prefetch = Prefetcher(make, 0, 1000, "cpu", depth=1, background=True)
     time.sleep(0.2)  # the queue is full and the thread waits to put the next step
     start = time.perf_counter()
     prefetch.close()
     assert time.perf_counter() - start < 2.0
     assert not prefetch._thread.is_alive()
     assert "batches" not in [t.name for t in threading.enumerate()]
+
+
+def test_on_a_cpu_the_batches_are_built_in_the_loop_by_default():
+    calls = []
+
+    def counted(step):
+        calls.append(step)
+        return make(step)
+
+    prefetch = Prefetcher(counted, 0, 3, "cpu")
+    assert not prefetch.background and not prefetch._thread.is_alive()
+    time.sleep(0.1)
+    assert calls == []  # nothing is built ahead
+    for step in range(3):
+        (got, _) = prefetch.get(step)
+        assert torch.equal(got.src, make(step)[0].src)
+    assert calls == [0, 1, 2] and prefetch.waited > 0
+    prefetch.close()
+    with pytest.raises(ExpectedError, match="corrupt"):
+        Prefetcher(lambda step: (_ for _ in ()).throw(ExpectedError("corrupt")), 0, 1, "cpu").get(0)
 
 
 def test_the_trainer_logs_the_fraction_of_time_spent_waiting_for_data(tmp_path):
