@@ -105,10 +105,10 @@ class ProjectedSmoothedKL(torch.autograd.Function):
         gw = torch.zeros_like(weight)  # (vocab, d_model)
         gb = torch.zeros_like(bias)  # (vocab,)
         # one chunk's buffers, reused by every chunk: fresh memory costs a page fault per 4 kB
-        n, wide = min(chunk, rows), loss_dtype
+        n = min(chunk, rows)
         z_buf, gw_buf = x.new_empty((n, size), dtype=dtype), x.new_empty(gw.shape, dtype=dtype)
-        wide_buf = x.new_empty((n, size), dtype=wide) if dtype != wide else None
-        log_p_buf = x.new_empty((n, size), dtype=wide)
+        wide_buf = x.new_empty((n, size), dtype=loss_dtype) if dtype != loss_dtype else None
+        log_p_buf = x.new_empty((n, size), dtype=loss_dtype)
         for start in range(0, rows, chunk):
             part = slice(start, start + chunk)
             m = target[part].size(0)  # rows of this chunk
@@ -123,7 +123,9 @@ class ProjectedSmoothedKL(torch.autograd.Function):
                 gb += g.sum(0)
                 g = z_buf[:m].copy_(g) if wide_buf is not None else g  # the matmuls' precision
                 gx[part] = g @ w  # (chunk, d_model)
-                gw += torch.mm(g.t(), xs[part], out=gw_buf)  # (vocab, d_model), in float32
+                gw += torch.mm(
+                    g.t(), xs[part], out=gw_buf
+                )  # (vocab, d_model), summed in gw's dtype
         ctx.save_for_backward(gx, gw, gb)
         ctx.grad = grad
         return total - rows * _smoothing_entropy(confidence, eps, size)

@@ -53,21 +53,14 @@ def matmul_rate(device, dtype=None) -> float:
 def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict:
     """Time `steps` optimiser steps of `cfg` in one process on this machine, after one untimed
     step, and project the whole run (max_steps) from the median step time."""
-    from annotated.prefetch import Prefetcher
-    from annotated.trainer import _build, _precision, _step  # the trainer: only to measure it
+    from annotated.trainer import _batches, _build, _precision, _step  # only to measure them
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     run = _build(cfg, 1, device)
     run.precision, m = _precision(cfg, run, device, 1, None), cfg.model
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times, flops, tokens = [], 0.0, 0
-    micro = range(run.accum)
-    prefetch = Prefetcher(
-        lambda s: [run.task.micro_batch(s, j) for j in micro],
-        run.step,
-        run.step + steps + 1,
-        device,
-    )
+    prefetch = _batches(run, 0, device, run.step + steps + 1)
     for i in range(steps + 1):
         if i:  # the timed step's micro-batches, for its FLOPs (a pure function of the step)
             batches = [run.task.micro_batch(run.step, j) for j in range(run.accum)]

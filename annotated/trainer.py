@@ -189,6 +189,14 @@ def _step(run: _Run, model, cfg: TrainConfig, rank: int, world: int, device, bat
     return all_sum(stats["loss_sum"], world, device) / total_tokens, lr, total_tokens
 
 
+def _batches(run: _Run, rank: int, device, last: int) -> Prefetcher:
+    """This process's micro-batches of steps run.step .. last - 1, for `_step`."""
+    index = range(rank * run.accum, (rank + 1) * run.accum)  # this process's micro-batches
+    return Prefetcher(
+        lambda step: [run.task.micro_batch(step, j) for j in index], run.step, last, device
+    )
+
+
 # %% ../notebooks/06c_trainer.ipynb #c015d2
 def _checkpoint_due(cfg: TrainConfig, step: int, last_time: float) -> bool:
     minutes = cfg.checkpoint_minutes and time.time() - last_time >= 60 * cfg.checkpoint_minutes
@@ -264,10 +272,7 @@ def _train_locked(
     if cfg.compile:
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]  # batches change shape from step to step
     log = Progress(out, cfg, run.step, writes=rank == 0, bar=progress)
-    index = range(rank * run.accum, (rank + 1) * run.accum)  # this process's micro-batches
-    batches = Prefetcher(
-        lambda step: [run.task.micro_batch(step, j) for j in index], run.step, cfg.max_steps, device
-    )
+    batches = _batches(run, rank, device, cfg.max_steps)
     last_path, loss, run_tokens, last_time = None, None, 0, time.time()
     run.model.train()
     try:
