@@ -12,12 +12,12 @@ ifneq ($(ANNOTATED_DATA),)
 export ANNOTATED_DATA
 endif
 
-.PHONY: help book test lint other-cpu lab install export notebooks clean
+.PHONY: help book test lint other-cpu lab install browser export notebooks clean
 
 help:                      ## list the targets
 	@grep -E '^[a-z]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
-install: $(STAMP) book/vendor/MANIFEST.json   ## create .venv with everything the book needs
+install: $(STAMP) book/vendor/MANIFEST.json browser   ## create .venv with everything the book needs
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ $(STAMP): requirements.txt pyproject.toml
 
 book/vendor/MANIFEST.json: book/package.json book/package-lock.json tools/vendor_js.py
 	$(PY) tools/vendor_js.py
+
+# The browser test (tests/test_browser.py) drives Debian's Chromium: installed here when it is
+# missing and this runs as root; otherwise the line says what to do.
+browser:
+	@command -v chromium >/dev/null || [ -n "$$CHROMIUM" ] || { [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null \
+		&& { apt-get install -y -q chromium >/dev/null \
+			|| { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } \
+		|| echo "Chromium not found: install it (apt-get install chromium) or set CHROMIUM" \
+		"to a Chromium binary; the browser test fails without it."
 
 book: install              ## build the book into _build/html, executing every notebook
 	ANNOTATED_BOOK=1 $(VENV)/bin/jupyter-book build . --warningiserror --keep-going

@@ -6,10 +6,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from annotated.batching import PAD, Batch
 from annotated.multihead import MultiHeadedAttention
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def padded_batch(vocab: int = 31, seed: int = 0) -> Batch:
@@ -81,3 +84,12 @@ def serve(folder: Path):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def toc_files() -> list[str]:
+    """The book's pages, in the order of _toc.yml (paths without their suffix)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc["parts"]:
+        files += [c["file"] for c in part["chapters"]]
+    return files

@@ -1,68 +1,26 @@
 """The book builds with warnings as errors and its pages load nothing from the internet.
 
-This builds from the notebooks' stored outputs (execution off) so that it stays fast; the
-main job (`make book`) executes every notebook. nbval checks that the stored outputs are
-what the code produces today.
+The `built_book` fixture (tests/conftest.py) builds from the notebooks' stored outputs
+(execution off) so that it stays fast; the main job (`make book`) executes every notebook.
+nbval checks that the stored outputs are what the code produces today. tests/test_browser.py
+opens the same build in a browser.
 """
 
 import json
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
+from helpers import toc_files
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def toc_files():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-    for part in toc["parts"]:
-        files += [c["file"] for c in part["chapters"]]
-    return files
 
 
 def test_every_notebook_is_in_the_toc():
     listed = set(toc_files())
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
         assert f"notebooks/{nb.stem}" in listed, f"{nb.name} is missing from _toc.yml"
-
-
-@pytest.fixture(scope="module")
-def built_book(tmp_path_factory):
-    vendor = ROOT / "book" / "vendor" / "MANIFEST.json"
-    assert vendor.exists(), (
-        "book/vendor is missing: run `python tools/vendor_js.py` (make does this)"
-    )
-    tmp = tmp_path_factory.mktemp("book")
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    config["execute"]["execute_notebooks"] = "off"
-    cfg = tmp / "_config.yml"
-    cfg.write_text(yaml.safe_dump(config))
-    jb = shutil.which("jupyter-book", path=str(Path(sys.executable).parent)) or "jupyter-book"
-    result = subprocess.run(
-        [
-            jb,
-            "build",
-            str(ROOT),
-            "--config",
-            str(cfg),
-            "--path-output",
-            str(tmp),
-            "--warningiserror",
-            "--keep-going",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return tmp / "_build" / "html"
 
 
 def test_pages_exist(built_book):
@@ -127,3 +85,31 @@ def test_each_chapter_explains_more_than_it_exports():
         if prose < code:
             short.append(f"{path.name}: {prose} characters of prose for {code} of exported code")
     assert not short, short
+
+
+def test_the_publishing_workflow_builds_the_book_and_deploys_it():
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    assert workflow[True]["push"]["branches"] == ["main"]  # YAML reads the key `on` as True
+    build, deploy = workflow["jobs"]["build"], workflow["jobs"]["deploy"]
+    runs = [step.get("run", "") for step in build["steps"]]
+    assert any(r.strip() == "make book" for r in runs)
+    assert any("torch==2.13.0" in r and "whl/cpu" in r for r in runs)
+    upload = next(s for s in build["steps"] if "upload-pages-artifact" in s.get("uses", ""))
+    built = re.search(r"The book is in (\S+)/index.html", (ROOT / "Makefile").read_text())
+    assert upload["with"]["path"] == built.group(1)
+    assert deploy["needs"] == "build"
+    assert any("deploy-pages" in s.get("uses", "") for s in deploy["steps"])
+    assert workflow["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
+
+
+def test_the_book_links_to_its_repository_and_opens_in_colab(built_book):
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    url = config["repository"]["url"]
+    page = (built_book / "notebooks" / "01_attention.html").read_text(encoding="utf-8")
+    assert f'href="{url}"' in page
+    colab = url.replace("https://github.com/", "https://colab.research.google.com/github/")
+    assert f"{colab}/blob/main/notebooks/01_attention.ipynb" in page
+    owner, name = url.rstrip("/").split("/")[-2:]
+    published = f"https://{owner}.github.io/{name}/"  # where GitHub Pages serves the book
+    assert published in (ROOT / "README.md").read_text()
+    assert published in (ROOT / ".github" / "workflows" / "book.yml").read_text()
