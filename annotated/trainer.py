@@ -36,6 +36,7 @@ from .model import make_model
 from .precision import Precision, bf16_speedup, choose_precision
 from .prefetch import Prefetcher
 from .progress import Progress
+from .provenance import git_commit
 from .registry import TASKS
 from .schedule import make_optimizer
 from .step import loss_on_batch, train_step
@@ -266,7 +267,7 @@ def _train_locked(
     if rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         record = dict(config=asdict(cfg), world_size=world, command=command, from_step=run.step)
-        record["precision"] = precision.name
+        record.update(precision=precision.name, commit=git_commit())
         record_run(out, {**record, "device": name, "torch": torch.__version__}, run.step)
     model = torch.nn.parallel.DistributedDataParallel(run.model) if world > 1 else run.model
     if cfg.compile:

@@ -76,11 +76,20 @@ def lines(text: str) -> list[str]:
     return [p + "\n" for p in parts[:-1]] + [parts[-1]]
 
 
+def essence(cell: dict) -> dict:
+    """What the tool writes of a cell; its execution count and (empty) outputs may differ."""
+    return {k: cell[k] for k in ("cell_type", "id", "metadata", "source")}
+
+
 def with_colab_cells(notebook: Path) -> dict:
-    """The notebook with its badge and setup cells, freshly written, right after its title."""
+    """The notebook with its badge and setup cells right after its title: kept as they are when
+    their text is current, written afresh otherwise."""
     nb = json.loads(notebook.read_text(encoding="utf-8"))
+    wanted = wanted_cells(notebook)
+    if [essence(c) for c in nb["cells"][1:3]] == [essence(c) for c in wanted]:
+        return nb
     cells = [c for c in nb["cells"] if c.get("id") not in (BADGE_ID, SETUP_ID)]
-    nb["cells"] = cells[:1] + wanted_cells(notebook) + cells[1:]
+    nb["cells"] = cells[:1] + wanted + cells[1:]
     return nb
 
 
