@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -21,6 +20,8 @@ def _seed():
 def built_book(tmp_path_factory):
     """The book built from the notebooks' stored outputs (execution off), with warnings as
     errors: the folder of its HTML pages. `make book` is the build that executes them."""
+    import yaml  # here: the GPU suite runs the CUDA tests with only torch installed
+
     vendor = ROOT / "book" / "vendor" / "MANIFEST.json"
     assert vendor.exists(), (
         "book/vendor is missing: run `python tools/vendor_js.py` (make does this)"

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_train_step_benchmark_quick(tmp_path):
     out = tmp_path / "bench.json"
     # as on a GPU machine with only torch: the package's other dependencies cannot be imported
-    blocked = ["tqdm", "sentencepiece", "sacrebleu", "sacremoses", "pandas", "altair"]
+    blocked = ["tqdm", "sentencepiece", "sacrebleu", "sacremoses", "pandas", "altair", "matplotlib"]
     code = (
         f"import runpy, sys; sys.modules.update(dict.fromkeys({blocked!r})); "
         f"sys.argv = ['train_step.py', '--quick', '--json', {str(out)!r}]; "

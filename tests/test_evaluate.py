@@ -161,3 +161,37 @@ def test_cli_turns_missing_data_and_ctrl_c_into_messages(copy_run, monkeypatch, 
     monkeypatch.setattr(evaluate, "evaluate_run", interrupted)
     assert evaluate.main(["--run", str(copy_run)]) == 2
     assert "interrupted: nothing was written" in capsys.readouterr().err
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_scores_each_checkpoint_and_draws_the_run(copy_run, tmp_path, monkeypatch, capsys):
+    pairs = [("3 4 5 6", "3 4 5 6"), ("7 8 9 10", "7 8 9 10"), ("11 12 3", "11 12 3")]
+    monkeypatch.setattr(CopyTask, "test_sets", {"toy": lambda cfg: pairs})
+    scores = evaluate.bleu_per_checkpoint(copy_run)
+    assert sorted(scores) == [100, 200, 300, 400]  # the step of every kept checkpoint
+    assert scores[400] >= 90 and all(0 <= s <= 100 + 1e-9 for s in scores.values())
+    png = tmp_path / "plots" / "summary.png"
+    assert evaluate.main(["--run", str(copy_run), "--plot", str(png), "--limit", "2"]) == 0
+    assert png.read_bytes()[:8] == PNG and png.stat().st_size > 10_000
+    assert not list(png.parent.glob("*.tmp"))
+    assert f"wrote {png}" in capsys.readouterr().out
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    assert evaluate.main(["--run", str(copy_run), "--plot", str(blocked / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not write") and "Traceback" not in err
+
+
+def test_the_figure_has_four_panels_and_says_when_bleu_is_missing():
+    from annotated.plots import run_figure
+
+    metrics = [{"step": s, "loss": 5 / s, "lr": 1e-3, "target_tokens_per_s": 1e4} for s in (10, 20)]
+    fig = run_figure(metrics, bleu={20: 30.5}, averaged=31.0, title="t")
+    loss, lr, speed, bleu = fig.axes
+    assert list(loss.lines[0].get_ydata()) == [0.5, 0.25]
+    assert list(bleu.lines[0].get_xdata()) == [20] and bleu.lines[1].get_ydata()[0] == 31.0
+    assert [ax.get_ylabel() for ax in fig.axes][3] == "sacreBLEU"
+    bare = run_figure(metrics).axes[3]
+    assert not bare.lines and "evaluate the run" in bare.texts[0].get_text()

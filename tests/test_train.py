@@ -378,3 +378,27 @@ def test_resume_with_another_tokenizer_is_refused(tmp_path):
     msg = error_of(tiny_copy(out, *sets("max_steps=4"), "--resume", check=False))
     assert "trained with tokenizer 0123456789abcdef" in msg and "ids-13" in msg
     assert len(list((out / "checkpoints").glob("*.pt"))) == 1  # nothing was trained on
+
+
+def test_train_cli_draws_the_run_when_asked(tmp_path, capsys):
+    from annotated.cli.train import main
+
+    png, out = tmp_path / "run.png", tmp_path / "run"
+    assert (
+        main(
+            [
+                "--config",
+                "copy",
+                "--out",
+                str(out),
+                "--max-steps",
+                "40",
+                "--no-progress",
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {png}" in capsys.readouterr().out

@@ -7,10 +7,13 @@ __all__ = ["main"]
 # `python -m annotated.cli.train`: train a named configuration, with overrides.
 import argparse
 import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
+from ..checkpoints import read_metrics
 from ..errors import ExpectedError
+from ..plots import save_run_plot
 from ..registry import CONFIGS, build_config
 from ..trainer import train
 
@@ -38,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--max-steps", type=int, help="shorthand for --set max_steps=N")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument(
+        "--plot", metavar="PNG", help="when done, draw loss, learning rate and speed (chapter 9b)"
+    )
     args = ap.parse_args(argv)
     try:
         # --max-steps 0 is refused by the configuration's checks, not ignored
@@ -47,8 +53,14 @@ def main(argv: list[str] | None = None) -> int:
             ["python -m annotated.cli.train", *(sys.argv[1:] if argv is None else argv)]
         )
         train(cfg, args.out, resume=args.resume, progress=not args.no_progress, command=command)
+        if args.plot and (not dist.is_initialized() or dist.get_rank() == 0):
+            metrics = read_metrics(Path(args.out) / "metrics.jsonl")[0]
+            print("wrote", save_run_plot(args.plot, metrics, title=f"{args.config}: {args.out}"))
     except ExpectedError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the picture could not be written; the run itself is saved
+        print(f"error: could not write {e.filename}: {e.strerror}.", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before the loop started: nothing to resume from yet
         print("error: interrupted before training began; nothing was written.", file=sys.stderr)
