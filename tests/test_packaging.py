@@ -49,3 +49,16 @@ def test_pip_install_into_an_empty_environment(tmp_path):
     assert "site-packages" in where and "EncoderDecoder" in where
     for name in COMMANDS:
         assert "usage:" in run("-m", f"annotated.cli.{name}", "--help")
+
+
+def test_each_command_line_runs_main_after_defining_everything():
+    """`python -m annotated.cli.X` executes the module top to bottom: a function defined below
+    the `if __name__ == "__main__"` block would not exist yet when main() calls it."""
+    import ast
+
+    for path in sorted((ROOT / "annotated" / "cli").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        body = ast.parse(path.read_text()).body
+        guards = [i for i, node in enumerate(body) if "__main__" in ast.unparse(node)]
+        assert guards == [len(body) - 1], f"{path.name}: the __main__ block must come last"

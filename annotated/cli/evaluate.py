@@ -247,10 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook
-    sys.exit(main())
-
-
 # %% ../../notebooks/09b_multi30k_results.ipynb #c025s
 def bleu_per_checkpoint(
     run_dir, *, limit: int | None = None, beam_size: int = 4, alpha: float = 0.6, device="cpu"
@@ -267,3 +263,9 @@ def bleu_per_checkpoint(
             0
         ]
     return scores
+
+
+# %% ../../notebooks/09b_multi30k_results.ipynb #c030m
+# The module's last lines: every function above is defined before the command line runs.
+if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook
+    sys.exit(main())
