@@ -95,6 +95,7 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
             "model",
             "N, d_model, d_ff and h must be at least 1",
         ),
+        (m.d_k >= 0, "model.d_k", "must be 0 (d_model / h) or a positive size"),
         (
             all(0 <= p < 1 for p in (m.dropout, m.attn_dropout, m.ffn_dropout)),
             "model.dropout",

@@ -109,6 +109,7 @@ class ModelConfig:
     d_model: int = 512  # width of every residual stream
     d_ff: int = 2048  # inner size of the feed-forward networks
     h: int = 8  # attention heads; d_k = d_v = d_model / h
+    d_k: int = 0  # query and key size per head when not d_model / h (Table 3 row B); 0: d_model / h
     dropout: float = 0.1  # P_drop: residual and embedding dropout (paper 5.4)
     attn_dropout: float = 0.0  # not in the paper: dropout on attention weights
     ffn_dropout: float = 0.0  # not in the paper: dropout inside the FFN
@@ -153,7 +154,7 @@ def make_model(src_vocab: int, tgt_vocab: int, **options: Any) -> EncoderDecoder
         if size < 1:
             raise ValueError(f"make_model: {name} must be a positive integer, got {size}.")
     c = copy.deepcopy
-    attn = MultiHeadedAttention(h, d_model, cfg.attn_dropout)
+    attn = MultiHeadedAttention(h, d_model, cfg.attn_dropout, d_k=cfg.d_k)
     ff = PositionwiseFeedForward(d_model, d_ff, cfg.ffn_dropout)
     Position = LearnedPositionalEncoding if learned_positions else PositionalEncoding
     position = Position(d_model, dropout, cfg.max_len)

@@ -61,16 +61,19 @@ class MultiHeadedAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
 
-    def __init__(self, h: int, d_model: int, dropout: float = 0.0, *, fast: bool = False):
+    def __init__(
+        self, h: int, d_model: int, dropout: float = 0.0, *, fast: bool = False, d_k: int = 0
+    ):
         super().__init__()
         if d_model % h != 0:
             raise ValueError(
                 f"MultiHeadedAttention: d_model={d_model} is not divisible by h={h} heads; "
                 f"choose h among the divisors of d_model (the paper uses d_model=512, h=8)."
             )
-        self.h, self.d_k = h, d_model // h
-        self.w_q = nn.Linear(d_model, d_model)  # the h matrices W_i^Q side by side
-        self.w_k = nn.Linear(d_model, d_model)  # W_i^K
+        # d_v = d_model / h always; d_k too, unless given (paper Table 3, row B)
+        self.h, self.d_v, self.d_k = h, d_model // h, d_k or d_model // h
+        self.w_q = nn.Linear(d_model, h * self.d_k)  # the h matrices W_i^Q side by side
+        self.w_k = nn.Linear(d_model, h * self.d_k)  # W_i^K
         self.w_v = nn.Linear(d_model, d_model)  # W_i^V
         self.w_o = nn.Linear(d_model, d_model)  # W^O
         # dropout on the attention weights: not in the paper, off by default
@@ -81,7 +84,7 @@ class MultiHeadedAttention(nn.Module):
 
     def split_heads(self, x: Tensor) -> Tensor:
         batch, n, _ = x.shape  # (batch, n, d_model)
-        return x.view(batch, n, self.h, self.d_k).transpose(1, 2)  # (batch, h, n, d_k)
+        return x.view(batch, n, self.h, -1).transpose(1, 2)  # (batch, h, n, d_k or d_v)
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, ...]:
         """Q W^Q, K W^K, V W^V: (batch, n, d_model) each. The fast path multiplies an input once by
@@ -131,5 +134,5 @@ class MultiHeadedAttention(nn.Module):
             self.attn = weights.detach()  # for pictures: no autograd graph kept alive
         batch, _, n_q, _ = x.shape
         # Concat: (batch, n_q, d_model)
-        x = x.transpose(1, 2).reshape(batch, n_q, self.h * self.d_k)
+        x = x.transpose(1, 2).reshape(batch, n_q, self.h * self.d_v)
         return self.w_o(x)  # (batch, n_q, d_model)

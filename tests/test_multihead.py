@@ -96,3 +96,28 @@ def test_kept_attention_weights_hold_no_graph_so_the_model_can_be_copied():
     mha(x, x, x).sum().backward()
     assert mha.attn is not None and mha.attn.grad_fn is None and not mha.attn.requires_grad
     copy.deepcopy(mha)  # fails on a non-leaf tensor that carries a graph
+
+
+def test_a_smaller_key_size_d_k_table_3_row_b():
+    """d_k below d_model / h shrinks the query and key projections only; the scores are scaled
+    by 1 / sqrt(d_k); the fast path computes the same function."""
+    import copy
+    import math
+
+    from annotated.fast import make_fast
+
+    torch.manual_seed(0)
+    layer = MultiHeadedAttention(4, 32, d_k=2).double()
+    assert layer.w_q.weight.shape == layer.w_k.weight.shape == (8, 32)
+    assert layer.w_v.weight.shape == layer.w_o.weight.shape == (32, 32)
+    x = torch.randn(3, 5, 32, dtype=torch.float64)
+    out = layer(x, x, x)
+    q, k, v = (
+        t.view(3, 5, 4, -1).transpose(1, 2) for t in (layer.w_q(x), layer.w_k(x), layer.w_v(x))
+    )
+    weights = (q @ k.transpose(-2, -1) / math.sqrt(2)).softmax(-1)
+    expected = layer.w_o((weights @ v).transpose(1, 2).reshape(3, 5, 32))
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(layer.attn, weights)
+    fast = make_fast(copy.deepcopy(layer))
+    torch.testing.assert_close(fast(x, x, x), out)
