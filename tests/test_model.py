@@ -202,6 +202,7 @@ def test_defaults_are_the_papers_base_model():
         d_model=512,
         d_ff=2048,
         h=8,
+        d_k=0,  # d_model / h
         dropout=0.1,
         attn_dropout=0.0,
         ffn_dropout=0.0,

@@ -1,0 +1,75 @@
+"""Chapter 9d: Table 3's rows as overrides of the CPU profile, trained and scored by one
+command. The sweep here runs the `ci` grid for a few steps; the data is the local copy that
+ANNOTATED_DATA names (CI's ../shared/data)."""
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+
+from annotated.ablations import GRIDS, VARIATIONS
+from annotated.registry import build_config
+
+BASE = "multi30k-cpu"
+
+
+def changed(name: str) -> dict:
+    """The fields of the configuration that a row changes, with their new values."""
+    base, row = asdict(build_config(BASE)), asdict(build_config(BASE, VARIATIONS[name]))
+    flat = lambda c: {**{f"model.{k}": v for k, v in c.pop("model").items()}, **c}
+    base, row = flat(base), flat(row)
+    return {k: v for k, v in row.items() if base[k] != v}
+
+
+def test_each_row_changes_what_its_name_says():
+    assert changed("base") == {}
+    for name in VARIATIONS:
+        if name.startswith("(A)"):
+            h = int(name.split("=")[1])
+            assert changed(name) == {"model.h": h}  # d_k = d_v = 128 / h: constant compute
+        if name.startswith("(B)"):
+            assert changed(name) == {"model.d_k": int(name.split("=")[1])}
+    assert changed("(C) d_model=256") == {"model.d_model": 256, "model.d_ff": 1024}
+    assert changed("(D) smoothing=0") == {"label_smoothing": 0.0}
+    assert changed("(D) dropout=0.2") == {"model.dropout": 0.2}
+    assert changed("(E) learned positions") == {"model.learned_positions": True}
+    assert GRIDS["full"] == list(VARIATIONS) and set(GRIDS["ci"]) <= set(VARIATIONS)
+
+
+def ablate(*args):
+    command = [sys.executable, "-m", "annotated.cli.ablate", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=900)
+
+
+def test_the_ci_grid_trains_scores_and_resumes(tmp_path):
+    options = ["--grid", "ci", "--steps", 3, "--dev-sentences", 5]
+    options += ["--runs", tmp_path / "runs", "--results", tmp_path / "results"]
+    first = ablate(*options, "--set", "precision=fp32")
+    assert first.returncode == 0, first.stderr[-3000:]
+    files = sorted((tmp_path / "results").glob("*.json"))
+    assert [f.name for f in files] == ["a-h-1.json", "base.json", "d-smoothing-0.json"]
+    results = {json.loads(f.read_text())["row"]: json.loads(f.read_text()) for f in files}
+    for row, r in results.items():
+        assert {"command", "commit", "device", "date", "torch"} <= r.keys()
+        assert r["steps"] == 3 and r["dev_sentences"] == 5 and r["perplexity"] > 1
+        assert "precision=fp32" in r["overrides"] and r["command"].startswith("python -m")
+        assert row in first.stdout
+    before = {f.name: f.read_text() for f in files}
+    again = ablate(*options)  # every row has its result: nothing is trained or rewritten
+    assert again.returncode == 0 and again.stdout == first.stdout
+    assert {f.name: f.read_text() for f in files} == before
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--steps", 0], "--steps and --dev-sentences must be at least 1"),
+        (["--set", "model.h=3"], "model.d_model"),  # 128 is not divisible by 3 heads
+    ],
+)
+def test_bad_settings_are_refused_with_a_message(tmp_path, args, says):
+    r = ablate("--runs", tmp_path / "r", "--results", tmp_path / "s", *args)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "s").exists()
