@@ -7,7 +7,8 @@ opened from disk at a laptop's window width and at a phone's, and must show:
 * its charts rendered by vega-embed (an SVG or canvas in every chart's box);
 * no script error, and nothing logged as an error in the console;
 * every formula typeset by MathJax, without a TeX error;
-* no code block, or printed output, wider than its column;
+* no code block, or printed output, wider than its column, and at the laptop's width no
+  chart either (on a phone a wide chart scrolls sideways in its box);
 * no request to anything but the book's own files: the test refuses every other request
   and fails on it.
 
@@ -48,6 +49,12 @@ TOO_WIDE = """() => [...document.querySelectorAll('pre')]
     .filter(p => p.scrollWidth > p.clientWidth + 1
                  || p.getBoundingClientRect().right > window.innerWidth + 1)
     .map(p => p.textContent.split('\\n')[0].slice(0, 60))"""
+WIDE_CHARTS = """() => {
+    const column = document.querySelector('main article').getBoundingClientRect().right;
+    return [...document.querySelectorAll('.vega-chart svg, .vega-chart canvas')]
+        .filter(c => c.getBoundingClientRect().right > column + 1)
+        .map(c => c.closest('.vega-chart').id);
+}"""
 
 
 def chromium() -> str:
@@ -102,6 +109,8 @@ def test_page_in_a_browser(browser, built_book, name, window):
         assert page.evaluate(UNTYPESET) == [], "math left as TeX source"
         assert page.evaluate(TEX_ERRORS) == 0, "MathJax could not typeset a formula"
         assert page.evaluate(TOO_WIDE) == [], f"code wider than its column at {window} width"
+        if window == "laptop":  # on a phone a chart may scroll sideways in its box
+            assert page.evaluate(WIDE_CHARTS) == [], "a chart wider than the page's column"
         assert not outside, f"requests that left the machine: {outside}"
         assert not errors, errors
         if window == "laptop":
