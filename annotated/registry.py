@@ -8,15 +8,26 @@ __all__ = ["TASKS", "CONFIGS", "build_config"]
 # the evaluation look names up here.
 from typing import Any
 
+from annotated.tasks.multi30k import (
+    Multi30kTask,
+    multi30k_config,
+    multi30k_cpu_config,
+    multi30k_small_config,
+)
+
 from .config import TrainConfig, apply_overrides
 from .errors import ConfigError
 from .tasks.copy import CopyTask, copy_config
-from .tasks.multi30k import Multi30kTask, multi30k_config, multi30k_cpu_config
 
 # %% ../notebooks/09_multi30k.ipynb #c011b
 # Any: each task class has its own tokenizer and data; the trainer uses what they share
 TASKS: dict[str, Any] = {"copy": CopyTask, "multi30k": Multi30kTask}
-CONFIGS = {"copy": copy_config, "multi30k": multi30k_config, "multi30k-cpu": multi30k_cpu_config}
+CONFIGS = {
+    "copy": copy_config,
+    "multi30k": multi30k_config,
+    "multi30k-small": multi30k_small_config,
+    "multi30k-cpu": multi30k_cpu_config,
+}
 
 
 def build_config(name: str, overrides=()) -> TrainConfig:

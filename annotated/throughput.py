@@ -15,19 +15,23 @@ from .config import TrainConfig
 
 
 # %% ../notebooks/11_wmt14_training.ipynb #c040
-def model_flops(b: Batch, *, vocab: int, N: int, d_model: int, d_ff: int, **_) -> float:
+def model_flops(
+    b: Batch, *, vocab: int, N: int, d_model: int, d_ff: int, h: int = 8, d_k: int = 0, **_
+) -> float:
     """Training FLOPs of batch b, padding excluded: 6 per weight and token it meets (forward 2,
-    backward 4), plus 3 x 4 d_model per query-key pair of each attention (QK^T and AV)."""
+    backward 4), plus 3 x 2 (h d_k + d_model) per query-key pair of each attention (QK^T and
+    AV). d_k = 0 means d_model / h, as in the model."""
     s = (b.src != PAD).sum(1).double()  # (batch,) source lengths
     t = (b.tgt_y != PAD).sum(1).double()  # (batch,) target lengths
     S, T = s.sum().item(), t.sum().item()
-    d = d_model
-    enc = N * (4 * d * d + 2 * d * d_ff) * S
-    # decoder: self-attention (4 d^2), cross Q and O (2 d^2), FFN on targets; cross K, V on sources
-    dec = N * ((4 * d * d + 2 * d * d + 2 * d * d_ff) * T + 2 * d * d * S)
+    d, q = d_model, h * d_k if d_k else d_model  # q: width of the query and key projections
+    attn = 2 * d * q + 2 * d * d  # weights of one attention: W^Q, W^K (d x q), W^V, W^O (d x d)
+    enc = N * (attn + 2 * d * d_ff) * S
+    # decoder: self-attention, cross W^Q and W^O, FFN on targets; cross W^K and W^V on sources
+    dec = N * ((attn + d * q + d * d + 2 * d * d_ff) * T + (d * q + d * d) * S)
     linear = 6 * (enc + dec + d * vocab * T)
     pairs = N * ((s * s).sum() + (t * (t + 1) / 2).sum() + (t * s).sum()).item()
-    return linear + 3 * 4 * d * pairs
+    return linear + 3 * 2 * (q + d) * pairs
 
 
 def matmul_rate(device, dtype=None) -> float:

@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from annotated.checkpoints import write_text_atomic
 from annotated.complexity import layer_costs, layer_costs_figure
+from annotated.plots import save_png
 from annotated.provenance import provenance
 
 
@@ -46,10 +47,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out / f"{name}.json", json.dumps(report, indent=2) + "\n")
     png = args.out / f"{name}.png"
-    layer_costs_figure(rows, args.d).savefig(
-        png.with_name(png.name + ".tmp"), format="png", dpi=100
-    )
-    png.with_name(png.name + ".tmp").replace(png)
+    save_png(layer_costs_figure(rows, args.d), png)
     print("wrote", args.out / f"{name}.json", "and", png)
     return 0
 

@@ -1,4 +1,4 @@
-"""Chapter 9d: Table 3's rows as overrides of the CPU profile, trained and scored by one
+"""Chapter 9d: Table 3's rows as overrides of multi30k-small, trained and scored by one
 command. The sweep here runs the `ci` grid for a few steps; the data is the local copy that
 ANNOTATED_DATA names (CI's ../shared/data)."""
 
@@ -12,7 +12,7 @@ import pytest
 from annotated.ablations import GRIDS, VARIATIONS
 from annotated.registry import build_config
 
-BASE = "multi30k-cpu"
+BASE = "multi30k-small"
 
 
 def changed(name: str) -> dict:

@@ -6,9 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from annotated.batching import PAD, Batch
+from annotated.model import make_model
 from annotated.throughput import model_flops
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,3 +87,24 @@ def test_model_flops_counts_real_tokens_only():
     )
     # padding costs no model FLOPs
     assert model_flops(wider, **cfg) == model_flops(b, **cfg)
+
+
+@pytest.mark.parametrize("d_k", [0, 2, 6])
+def test_model_flops_counts_the_weights_of_the_model_it_describes(d_k):
+    """6 FLOPs per weight of every linear layer and per token it meets (sources for the encoder
+    and the cross-attention's keys and values, targets for the rest), for any d_k."""
+    shape = dict(N=2, d_model=8, d_ff=16, h=2, d_k=d_k)
+    model = make_model(50, 50, **shape)
+    src = torch.tensor([[5, 6, 7, PAD], [5, 6, PAD, PAD]])
+    tgt = torch.tensor([[1, 5, 6, 2, PAD], [1, 5, 2, PAD, PAD]])
+    b = Batch(src, tgt, PAD)
+    s, t = [3, 2], [3, 2]
+    linear = 0
+    for name, layer in model.named_modules():
+        if isinstance(layer, torch.nn.Linear):
+            meets_sources = name.startswith("encoder") or ".src_attn.w_k" in name
+            meets_sources = meets_sources or ".src_attn.w_v" in name
+            linear += 6 * layer.weight.numel() * sum(s if meets_sources else t)
+    q = 2 * (d_k or 4)  # h d_k: the width of a query or key
+    pairs = 2 * sum(si * si + ti * (ti + 1) / 2 + ti * si for si, ti in zip(s, t))
+    assert model_flops(b, vocab=50, **shape) == linear + 6 * (q + 8) * pairs

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ["train", "translate", "bleu", "evaluate"]
+COMMANDS = ["train", "translate", "bleu", "evaluate", "prepare", "ablate"]
 
 
 def torch_pin() -> str:
@@ -39,7 +39,7 @@ def test_pip_install_into_an_empty_environment(tmp_path):
     shutil.copytree(
         ROOT / "annotated", src / "annotated", ignore=shutil.ignore_patterns("__pycache__")
     )
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     run("-m", "pip", "install", "--quiet", str(src))
     # from tmp_path, not the checkout: the installed copy is what is imported
@@ -49,6 +49,14 @@ def test_pip_install_into_an_empty_environment(tmp_path):
     assert "site-packages" in where and "EncoderDecoder" in where
     for name in COMMANDS:
         assert "usage:" in run("-m", f"annotated.cli.{name}", "--help")
+    # the licence travels with the package, as an SPDX expression and as the file itself
+    meta = run(
+        "-c",
+        "from importlib.metadata import distribution as d; "
+        "m = d('annotated-transformer-book'); print(m.metadata['License-Expression']); "
+        "print(any(f.name == 'LICENSE' for f in m.files))",
+    )
+    assert meta.split() == ["MIT", "True"], meta
 
 
 def test_each_command_line_runs_main_after_defining_everything():

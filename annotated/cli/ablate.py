@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Train and score a grid of the paper's Table 3 rows on Multi30k.",
     )
     ap.add_argument("--grid", choices=sorted(GRIDS), default="full")
-    ap.add_argument("--config", default="multi30k-cpu", help="the base configuration")
+    ap.add_argument("--config", default="multi30k-small", help="the base configuration")
     ap.add_argument("--steps", type=int, default=600, help="training steps per row")
     ap.add_argument("--runs", required=True, help="folder for the rows' training runs")
     ap.add_argument("--results", required=True, help="folder for one JSON file per row")
