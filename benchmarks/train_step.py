@@ -85,7 +85,7 @@ from annotated.throughput import matmul_rate, model_flops
 
 PRESETS = {  # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target tokens per batch
     "quick": dict(vocab=500, N=1, d_model=64, d_ff=128, h=4, norm_first=False, tokens=400),
-    # chapter 9's multi30k-cpu configuration; its batches hold about 1,740 target tokens
+    # chapter 9's multi30k-small (the CPU profile's width, 3 layers); batches of about 1,740 tokens
     "multi30k-cpu": dict(vocab=8000, N=3, d_model=128, d_ff=512, h=4, norm_first=True, tokens=1750),
     "base": dict(vocab=37000, N=6, d_model=512, d_ff=2048, h=8, norm_first=False, tokens=25000),
     "big": dict(vocab=37000, N=6, d_model=1024, d_ff=4096, h=16, norm_first=False, tokens=25000),
