@@ -94,16 +94,20 @@ def bleu_on_test2016(run: Path, last: int = 5) -> dict:
 
 def run_trial(name: str, seconds: float, runs: Path, steps: int = 0) -> dict:
     overrides = TRIALS[name]
-    per_step = None
-    if not steps:
+    repeat, per_step = steps > 0, None
+    if not repeat:
         steps, per_step = step_budget(overrides, seconds)
-    out = runs / (f"{name}-{steps}steps" if per_step is None else name)  # a repeat: its own run
+    out = runs / (f"{name}-{steps}steps" if repeat else name)  # a repeat: its own run
     sets = [a for item in [*overrides, f"max_steps={steps}"] for a in ("--set", item)]
     cmd = ["-m", "annotated.cli.train", "--config", "multi30k-cpu", *sets, "--out", str(out)]
     start = time.time()
     subprocess.run([sys.executable, *cmd, "--no-progress"], check=True, cwd=ROOT)
     wall = time.time() - start
     run_json = json.loads((out / "run.json").read_text())
+    kept = len(checkpoint_paths(out))
+    # the profile's average of 5; where the run kept more, the other windows of the same run
+    windows = [k for k in AVERAGES if k <= kept] if kept > 5 else [5]
+    scores = {k: bleu_on_test2016(out, k) for k in windows}
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     record = {
         "trial": name,
@@ -115,14 +119,11 @@ def run_trial(name: str, seconds: float, runs: Path, steps: int = 0) -> dict:
         "process_seconds": wall,
         "precision": run_json.get("precision"),
         "final_loss": metrics[-1]["loss"],
-        "checkpoints_averaged": min(5, len(checkpoint_paths(out))),
-        "test2016": bleu_on_test2016(out),
+        "checkpoints_averaged": min(5, kept),
+        "test2016": scores[5],
     }
-    kept = len(checkpoint_paths(out))
-    if kept > 5:  # the same run, averaged over other windows
-        record["test2016_by_average"] = {
-            k: bleu_on_test2016(out, k)["sacrebleu"] for k in AVERAGES if k <= kept
-        }
+    if kept > 5:
+        record["test2016_by_average"] = {k: s["sacrebleu"] for k, s in scores.items()}
     command = "python " + " ".join(cmd).replace(str(ROOT) + os.sep, "")
     return {**provenance(command, torch.device("cpu")), **record}
 
