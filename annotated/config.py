@@ -39,6 +39,7 @@ class TrainConfig:
     tokens_per_step: int = 0  # WMT14: real tokens per step and side, all processes (0 = off)
     accum: int = 1  # micro-batches per process and step; 0 = what tokens_per_step needs
     max_steps: int = 100_000  # paper: 100k steps (base), 300k (big)
+    max_minutes: float = 0.0  # also stop after this much training time, resumes included (0 = off)
     # bookkeeping
     checkpoint_every: int = 1000  # steps between checkpoints (0 = only at the end)
     checkpoint_minutes: float = 0.0  # also checkpoint every N minutes (0 = off)
@@ -124,6 +125,11 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
             min(cfg.batch_sentences, cfg.max_tokens) >= 1,
             "batch_sentences, max_tokens",
             "must be at least 1",
+        ),
+        (
+            math.isfinite(cfg.max_minutes) and cfg.max_minutes >= 0,
+            "max_minutes",
+            "must be 0 (no time limit) or a positive number of minutes",
         ),
         (
             cfg.checkpoint_every >= 0 and cfg.checkpoint_minutes >= 0,

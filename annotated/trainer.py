@@ -116,6 +116,7 @@ class _Run:
     criterion: LabelSmoothing
     accum: int  # micro-batches per process and step
     step: int = 0
+    seconds: float = 0.0  # training time so far, earlier sessions of a resumed run included
     precision: Precision | None = None  # chosen once the run is built or resumed
 
 
@@ -163,6 +164,7 @@ def _resume(run: _Run, path: Path) -> dict | None:
         group["lr"] = base * rule(scheduler.last_epoch)  # a changed lr_factor or warmup applies now
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     run.step = int(state["step"])
+    run.seconds = float(state.get("seconds", 0.0))
     restore_rng_state(state["rng"])
     return state.get("precision")
 
@@ -205,6 +207,14 @@ def _checkpoint_due(cfg: TrainConfig, step: int, last_time: float) -> bool:
     return bool(every or minutes or step == cfg.max_steps)
 
 
+def _out_of_time(cfg: TrainConfig, seconds: float, world: int, device) -> bool:
+    """Has the run used its `max_minutes`? Every process stops at the same step: the first
+    one to run out of time decides for all."""
+    if not cfg.max_minutes:
+        return False
+    return all_sum(float(seconds >= 60 * cfg.max_minutes), world, device) > 0
+
+
 def _checkpoint(out: Path, run: _Run, cfg: TrainConfig, world: int) -> Path:
     if not all_finite(run.model):  # never checkpoint a broken state
         raise _diverged(out, run.step, "its update left inf or NaN in the weights")
@@ -214,6 +224,7 @@ def _checkpoint(out: Path, run: _Run, cfg: TrainConfig, world: int) -> Path:
         "optimizer": run.optimizer.state_dict(),
         "scheduler": run.scheduler.state_dict(),
         "step": run.step,
+        "seconds": run.seconds,
         "rng": rng_state(),
         "tokenizer": run.task.tokenizer.fingerprint,
         "data": data,
@@ -275,16 +286,20 @@ def _train_locked(
     log = Progress(out, cfg, run.step, writes=rank == 0, bar=progress)
     batches = _batches(run, rank, device, cfg.max_steps)
     last_path, loss, run_tokens, last_time = None, None, 0, time.time()
+    earlier = run.seconds  # what a resumed run had trained before
+    out_of_time = _out_of_time(cfg, run.seconds, world, device)
     run.model.train()
     try:
-        while run.step < cfg.max_steps:
+        while run.step < cfg.max_steps and not out_of_time:
             loss, lr, tokens = _step(run, model, cfg, rank, world, device, batches)
             if not math.isfinite(loss):
                 raise _diverged(out, run.step, f"the loss became {loss}")
             run_tokens += tokens
+            run.seconds = earlier + time.time() - log.start
+            out_of_time = _out_of_time(cfg, run.seconds, world, device)
             skipped = precision.skipped if precision.scaler else None
             log.update(run.step, loss, lr, tokens, skipped, waited=batches.waited)
-            if rank == 0 and _checkpoint_due(cfg, run.step, last_time):
+            if rank == 0 and (out_of_time or _checkpoint_due(cfg, run.step, last_time)):
                 last_path, last_time = _checkpoint(out, run, cfg, world), time.time()
     except KeyboardInterrupt:
         good = checkpoint_paths(out)
@@ -314,8 +329,9 @@ def _summary(out, cfg, step, seconds, loss, run_tokens, last_path, world, rank) 
         "target_tokens_per_s": run_tokens / seconds if seconds > 0 else 0.0,
     }
     if rank == 0:
+        limit = f" (time limit: {cfg.max_minutes:g} min)" if step < cfg.max_steps else ""
         print(
-            f"done: step {step}/{cfg.max_steps} in {seconds:.1f} s "
+            f"done: step {step}/{cfg.max_steps}{limit} in {seconds:.1f} s "
             f"({summary['target_tokens_per_s']:,.0f} target tokens/s). "
             f"Checkpoints: {out / 'checkpoints'} "
             f"(last: {last_path.name if last_path else 'none'}); "

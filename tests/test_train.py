@@ -402,3 +402,39 @@ def test_train_cli_draws_the_run_when_asked(tmp_path, capsys):
     )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"wrote {png}" in capsys.readouterr().out
+
+
+def test_a_time_limit_stops_the_run_checkpointed_and_counts_across_resumes(tmp_path):
+    out = tmp_path / "run"
+    limit = sets("max_steps=100000", "checkpoint_every=0", "max_minutes=0.02")  # 1.2 s
+    r = tiny_copy(out, *limit)
+    assert "(time limit: 0.02 min)" in r.stdout
+    last = sorted((out / "checkpoints").glob("ckpt_*.pt"))[-1]
+    state = torch.load(last, weights_only=True)
+    assert 1 <= state["step"] < 100000 and state["seconds"] >= 1.2  # the stop step is kept
+    # resumed with the same limit: the time is spent already, nothing more is trained
+    tiny_copy(out, *limit, "--resume")
+    assert sorted((out / "checkpoints").glob("ckpt_*.pt"))[-1] == last
+    # a longer limit continues from there, counting the time already trained
+    tiny_copy(out, *sets("max_steps=100000", "checkpoint_every=0", "max_minutes=0.04"), "--resume")
+    again = torch.load(sorted((out / "checkpoints").glob("ckpt_*.pt"))[-1], weights_only=True)
+    assert again["step"] > state["step"] and 2.4 <= again["seconds"] < 2.4 + 60
+
+
+def test_every_process_stops_at_the_same_step_under_a_time_limit(tmp_path):
+    out = tmp_path / "ddp"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher += ["--nproc_per_node", "2", "-m"]
+    args = sets("max_steps=100000", "checkpoint_every=0", "max_minutes=0.02")
+    r = run_trainer(
+        "--config",
+        "copy",
+        *TINY,
+        *args,
+        "--out",
+        str(out),
+        launcher=launcher,
+        CUDA_VISIBLE_DEVICES="",
+    )
+    assert "(time limit: 0.02 min)" in r.stdout  # both left the loop: the run ended normally
+    assert len(list((out / "checkpoints").glob("ckpt_*.pt"))) == 1

@@ -1,29 +1,41 @@
-"""Execute notebooks in place so that their stored outputs are fresh (nbval compares against them).
+"""Execute notebooks, several at a time, so that their stored outputs are fresh.
 
-    python tools/run_notebooks.py                      # every notebook, in order
-    python tools/run_notebooks.py notebooks/01_*.ipynb # some of them
+    python tools/run_notebooks.py                          # every chapter, in place
+    python tools/run_notebooks.py notebooks/01_*.ipynb     # some of them
+    python tools/run_notebooks.py --out _build/executed    # leave the sources as they are
 
-Runs with ANNOTATED_BOOK=1, as the book build does, so that charts are stored in the form
-the book renders offline. Each notebook is written to a temporary file and renamed, so an
-interrupted run never leaves a half-written notebook behind.
+Runs with ANNOTATED_BOOK=1, as the book build does, so that charts are stored in the form the
+book renders offline. `--jobs N` runs N notebooks at once (default: one per core, at most four), each
+kernel with its share of the cores as OMP_NUM_THREADS. The longest
+notebooks of the last run start first (their times are kept in `_build/notebook-seconds.json`).
+Each notebook is written to a temporary file and renamed, so an interrupted run never leaves a
+half-written notebook behind; a notebook that fails is reported with its error and the others
+still run. The exit status is 1 when any failed.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
+TIMES = ROOT / "_build" / "notebook-seconds.json"
 
 
-def run(path: Path, timeout: int = 1200) -> float:
+def run(path: Path, out: Path | None = None, timeout: int = 1800, threads: int = 0) -> float:
+    """Execute `path` (in its own folder) and write it to `out` (default: in place)."""
     nb = nbformat.read(path, as_version=4)
     os.environ["ANNOTATED_BOOK"] = "1"
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the kernel it starts
     start = time.perf_counter()
     NotebookClient(
         nb,
@@ -34,17 +46,64 @@ def run(path: Path, timeout: int = 1200) -> float:
     elapsed = time.perf_counter() - start
     for cell in nb.cells:  # keep diffs quiet: no per-run metadata
         cell.metadata.pop("execution", None)
-    tmp = path.with_suffix(".ipynb.tmp")
+    target = out or path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".ipynb.tmp")
     nbformat.write(nb, tmp)
-    tmp.replace(path)
+    tmp.replace(target)
     return elapsed
 
 
+def _job(path: Path, out: Path | None, timeout: int, threads: int) -> tuple[str, float, str]:
+    try:
+        return path.name, run(path, out, timeout, threads), ""
+    except Exception as e:  # reported with the notebook's name; the other notebooks go on
+        lines = str(e).strip().splitlines()
+        return path.name, 0.0, "\n".join(lines[-12:])
+
+
+def run_all(paths: list[Path], out_dir: Path | None, jobs: int, timeout: int) -> dict:
+    """Execute `paths`, `jobs` at a time, longest first. Returns {name: seconds or error}."""
+    known = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    paths = sorted(paths, key=lambda p: -float(known.get(p.name, 0)))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    results: dict[str, float | str] = {}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [
+            pool.submit(_job, p, out_dir / p.name if out_dir else None, timeout, threads)
+            for p in paths
+        ]
+        for future in as_completed(futures):
+            name, seconds, error = future.result()
+            results[name] = error or seconds
+            print(f"{name}: {'FAILED' if error else f'{seconds:.1f} s'}", flush=True)
+            if error:
+                print(error, file=sys.stderr, flush=True)
+    timed = {k: v for k, v in results.items() if isinstance(v, float)}
+    TIMES.parent.mkdir(exist_ok=True)
+    TIMES.write_text(json.dumps({**known, **timed}, indent=1, sort_keys=True))
+    return results
+
+
+def default_jobs() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
 def main(argv: list[str]) -> int:
-    paths = [Path(a) for a in argv] or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
-    for p in paths:
-        print(f"{p.name}: {run(p):.1f}s", flush=True)
-    return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("notebooks", nargs="*", type=Path)
+    parser.add_argument("--out", type=Path, help="write executed copies here, not in place")
+    parser.add_argument("--jobs", type=int, default=default_jobs())
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    args = parser.parse_args(argv)
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+    start = time.perf_counter()
+    results = run_all([p.resolve() for p in paths], args.out, args.jobs, args.timeout)
+    failed = [k for k, v in results.items() if isinstance(v, str)]
+    print(f"{len(results)} notebooks in {time.perf_counter() - start:.0f} s, {args.jobs} at a time")
+    if failed:
+        print(f"failed: {', '.join(sorted(failed))}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
