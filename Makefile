@@ -1,5 +1,6 @@
 # Two entry points, both usable on a fresh machine (see README):
 #   make book   install everything, then build the book, executing every notebook on CPU
+#               (tools/build_book.py: several chapters at a time, into _build/source)
 #   make test   install everything, then run all the tests (unit tests + notebooks under nbval)
 PYTHON ?= python3
 VENV   := .venv
@@ -40,7 +41,7 @@ browser:
 		"to a Chromium binary; the browser test fails without it."
 
 book: install              ## build the book into _build/html, executing every notebook
-	ANNOTATED_BOOK=1 $(VENV)/bin/jupyter-book build . --warningiserror --keep-going
+	$(PY) tools/build_book.py
 	@echo "The book is in _build/html/index.html"
 
 test: install lint         ## every test: lint, unit tests, notebooks under nbval, packaging

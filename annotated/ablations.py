@@ -5,12 +5,12 @@ __all__ = ["VARIATIONS", "GRIDS", "dev_scores", "run_variation", "sweep"]
 
 # %% ../notebooks/09d_ablations.ipynb #c002
 # Table 3 at Multi30k scale (chapter 9d): the paper's variations as named overrides of one
-# configuration, each trained with the command line and scored on the development set.
+# configuration, each trained by the trainer of chapter 6c and scored on the development set.
+import contextlib
+import io
 import json
 import math
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,13 +18,14 @@ import torch
 
 from .batching import BOS, EOS, PAD, make_batch
 from .bleu import sacrebleu_score
-from .checkpoints import checkpoint_paths, write_text_atomic
+from .checkpoints import checkpoint_paths
 from .datasets.multi30k import load_multi30k
-from .errors import TrainingError
+from .files import write_text_atomic
 from .loss import LabelSmoothing
 from .provenance import provenance
 from .registry import build_config
 from .step import loss_on_batch
+from .trainer import train
 from .translation import load_model, translate
 
 # %% ../notebooks/09d_ablations.ipynb #c005
@@ -85,9 +86,9 @@ def run_variation(
     sentences: int | None = None,
     common: list[str] | None = None,
 ) -> dict:
-    """Train row `name` of VARIATIONS with `python -m annotated.cli.train`, with the `common`
-    overrides of every row, score it on the development set, and write results/<slug>.json
-    with its provenance."""
+    """Train row `name` of VARIATIONS, with the `common` overrides of every row, score it on
+    the development set, and write results/<slug>.json with its provenance (and the command
+    that the training stands for)."""
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")  # "(A) h=1" -> "a-h-1"
     done = Path(results) / f"{slug}.json"
     if done.exists():
@@ -96,12 +97,12 @@ def run_variation(
     settings = (common or []) + VARIATIONS[name] + [f"max_steps={steps}"]
     command = ["python", "-m", "annotated.cli.train", "--config", config, "--out", str(out)]
     command += [arg for s in settings for arg in ("--set", s)] + ["--no-progress"]
-    build_config(config, settings)  # a bad row fails here, before anything runs
+    cfg = build_config(config, settings)  # a bad row fails here, before anything runs
     started = time.time()
     if not any(p.name == f"ckpt_{steps:08d}.pt" for p in checkpoint_paths(out)):
-        proc = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise TrainingError(f"row {name!r} did not train: {proc.stderr.strip()[-2000:]}")
+        resume = bool(checkpoint_paths(out))  # a row stopped half-way continues
+        with contextlib.redirect_stdout(io.StringIO()):  # the trainer's closing line
+            train(cfg, out, resume=resume, progress=False, command=" ".join(command))
     seconds = time.time() - started
     device = "cuda" if torch.cuda.is_available() else "cpu"
     result = provenance(" ".join(command), torch.device(device))

@@ -3,7 +3,6 @@
 # %% auto #0
 __all__ = [
     "CHECKPOINT_KEYS",
-    "write_text_atomic",
     "checkpoint_paths",
     "save_checkpoint",
     "load_checkpoint",
@@ -11,7 +10,6 @@ __all__ = [
     "read_metrics",
     "read_json",
     "all_finite",
-    "lock_out_dir",
     "rng_state",
     "restore_rng_state",
     "record_run",
@@ -19,9 +17,8 @@ __all__ = [
 ]
 
 # %% ../notebooks/06c_trainer.ipynb #c002c
-# Atomic checkpoints that resume exactly, and one trainer per run folder.
+# Checkpoints that resume exactly, written atomically (appendix A1), and the run folder's records.
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -29,22 +26,7 @@ from pathlib import Path
 import torch
 
 from .errors import TrainingError
-
-
-# %% ../notebooks/06c_trainer.ipynb #c013
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write text to a temporary name beside `path`, then rename: readers see old or new, whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise TrainingError(
-            f"could not write {path} ({e.strerror or e}); nothing was replaced, the previous "
-            f"file is intact. Free disk space or choose another --out, then resume."
-        ) from None
-    return path
+from .files import atomic_path, write_text_atomic
 
 
 # %% ../notebooks/06c_trainer.ipynb #c013b
@@ -69,16 +51,14 @@ def save_checkpoint(out: Path, state: dict, keep_last: int) -> Path:
     folder = out / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"ckpt_{state['step']:08d}.pt"
-    tmp = path.with_suffix(".pt.tmp")
     need = int(1.05 * _bytes_of(state)) + 2**20
     old = checkpoint_paths(out)
     while shutil.disk_usage(folder).free < need and len(old) > 1 and len(old) >= keep_last:
         old.pop(0).unlink()  # would be pruned after this save anyway
     try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # atomic on POSIX: all or nothing
+        with atomic_path(path) as tmp:  # all or nothing
+            torch.save(state, tmp)
     except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
-        tmp.unlink(missing_ok=True)
         why = e.strerror if isinstance(e, OSError) else "the disk is probably full"
         raise TrainingError(
             f"could not write checkpoint {path} ({why}; {need / 2**20:,.0f} MiB needed, "
@@ -166,30 +146,6 @@ def read_json(path: Path) -> dict:
 def all_finite(model: torch.nn.Module) -> bool:
     """True if no parameter holds inf or NaN (one host sync)."""
     return bool(torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all())
-
-
-def lock_out_dir(out: Path):
-    """Hold an exclusive lock on out/trainer.lock while this process lives: one trainer a folder.
-    The operating system releases it when the process ends, however it ends."""
-    import fcntl
-
-    out.mkdir(parents=True, exist_ok=True)
-    handle = open(out / "trainer.lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        owner = handle.read().strip() or "another process"
-        handle.close()
-        raise TrainingError(
-            f"{out} is in use by another trainer ({owner}); wait for it to finish, stop it, "
-            f"or choose another --out."
-        ) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()}")
-    handle.flush()
-    return handle
 
 
 # %% ../notebooks/06c_trainer.ipynb #c013e

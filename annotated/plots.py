@@ -6,10 +6,11 @@ __all__ = ["run_figure", "save_png", "save_run_plot"]
 # %% ../notebooks/09b_multi30k_results.ipynb #c025q
 # A run on one page (chapter 9b): training loss, learning rate, throughput and BLEU per
 # checkpoint, drawn with matplotlib and written as a PNG.
-import os
 from pathlib import Path
 
 from matplotlib.figure import Figure
+
+from .files import atomic_path
 
 
 def run_figure(
@@ -55,10 +56,8 @@ def save_png(fig: Figure, path) -> Path:
     """Write a matplotlib figure to `path` as a PNG: a temporary file, then renamed, so an
     interrupted write never leaves half a picture under the final name."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
     return path
 
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .checkpoints import read_metrics
 from .config import TrainConfig
+from .files import write_text_atomic
 
 
 # %% ../notebooks/06c_trainer.ipynb #c015d
@@ -19,7 +21,12 @@ class Progress:
     """The progress bar and metrics.jsonl of the first process (the others write nothing)."""
 
     def __init__(self, out: Path, cfg: TrainConfig, step: int, *, writes: bool, bar: bool):
-        self.log = open(out / "metrics.jsonl", "a") if writes else None
+        path = out / "metrics.jsonl"
+        if writes and path.exists():  # a resumed run: drop what came after its checkpoint
+            records, _ = read_metrics(path)
+            kept = "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step)
+            write_text_atomic(path, kept)
+        self.log = open(path, "a") if writes else None
         self.bar = tqdm(
             total=cfg.max_steps,
             initial=step,

@@ -6,12 +6,11 @@ __all__ = ["UNK", "TOKENIZER_OPTIONS", "Tokenizer", "load_tokenizer", "train_tok
 # %% ../notebooks/08_multi30k_data.ipynb #c002b
 # The joint SentencePiece BPE tokenizer, shared by source and target.
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from .batching import BOS, EOS, PAD
+from .files import atomic_path
 
 # %% ../notebooks/08_multi30k_data.ipynb #c016
 UNK = 3  # unknown-piece id; PAD, BOS, EOS (0, 1, 2) come from the training chapter
@@ -87,18 +86,12 @@ def train_tokenizer(
     final = Path(f"{model_prefix}.model")
     final.parent.mkdir(parents=True, exist_ok=True)
     sentences = [s for pair in pairs for s in pair]
-    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            spm.set_random_generator_seed(seed)
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(sentences),
-                model_writer=out,
-                vocab_size=vocab_size,
-                **TOKENIZER_OPTIONS,
-            )
-        os.replace(tmp, final)
-    except BaseException:  # includes KeyboardInterrupt: never leave a partial model
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(final) as tmp, open(tmp, "wb") as out:  # never a partial model
+        spm.set_random_generator_seed(seed)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=out,
+            vocab_size=vocab_size,
+            **TOKENIZER_OPTIONS,
+        )
     return load_tokenizer(final)

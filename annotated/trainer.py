@@ -18,7 +18,6 @@ from annotated.checkpoints import (
     checkpoint_paths,
     load_checkpoint,
     load_weights,
-    lock_out_dir,
     read_json,
     record_run,
     restore_rng_state,
@@ -31,6 +30,7 @@ from .config import TrainConfig, micro_batches_per_process, validate_config
 from .distributed import all_sum, finish_distributed, setup_distributed
 from .errors import ConfigError, TrainingError
 from .fast import make_fast
+from .files import lock_out_dir
 from .loss import FusedLabelSmoothing, LabelSmoothing
 from .model import make_model
 from .precision import Precision, bf16_speedup, choose_precision

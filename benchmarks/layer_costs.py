@@ -19,7 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from annotated.checkpoints import write_text_atomic
+from annotated.files import write_text_atomic
 from annotated.complexity import layer_costs, layer_costs_figure
 from annotated.plots import save_png
 from annotated.provenance import provenance

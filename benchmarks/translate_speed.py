@@ -20,7 +20,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from annotated.checkpoints import checkpoint_paths, write_text_atomic
+from annotated.checkpoints import checkpoint_paths
+from annotated.files import write_text_atomic
 from annotated.provenance import provenance
 from annotated.registry import TASKS
 from annotated.translation import load_model, translate

@@ -76,15 +76,134 @@ def test_prose_and_code_are_measured_as_documented():
     assert prose_and_exported_code(notebook) == (len("Two words.\n"), len("def f():\nreturn 1"))
 
 
-def test_each_chapter_explains_more_than_it_exports():
-    """A book, not a code listing: every chapter's prose is at least as long as the code it
-    adds to the package."""
+def parts() -> dict[str, list[str]]:
+    """The table of contents: part caption -> its pages."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return {p["caption"]: [c["file"] for c in p["chapters"]] for p in toc["parts"]}
+
+
+def chapters(kind: str) -> list[Path]:
+    """The notebooks of the reading parts ("reading") or of the appendix ("appendix")."""
+    captions = list(parts())
+    appendix = captions[-1]
+    chosen = [appendix] if kind == "appendix" else captions[:-1]
+    files = [f for c in chosen for f in parts()[c] if f.startswith("notebooks/")]
+    return [ROOT / f"{f}.ipynb" for f in files]
+
+
+def exported_cells(notebook: dict) -> list[str]:
+    return [
+        "".join(c["source"])
+        for c in notebook["cells"]
+        if c["cell_type"] == "code" and re.search(r"^#\|\s*export", "".join(c["source"]), re.M)
+    ]
+
+
+def test_the_book_reads_in_parts_and_ends_with_the_machinery():
+    captions = list(parts())
+    assert captions[:5] == [
+        "The model (paper sections 1-4)",
+        "Training (paper section 5)",
+        "Decoding and evaluation (paper section 6)",
+        "Translating real data (Multi30k)",
+        "WMT14 at the paper's scale",
+    ]
+    assert captions[-1].startswith("Appendix: the machinery")
+    assert all(p.name.startswith("A") for p in chapters("appendix"))
+    assert not any(p.name.startswith("A") for p in chapters("reading"))
+
+
+# What no reading chapter may export: the mechanisms of file locks, atomic writes and fsyncs,
+# HTTP resumption, argument parsing and command-line mains, subprocesses, NCCL and SLURM. A
+# reading chapter may call the appendix's helpers (`atomic_path`, `lock_out_dir`, `launch`).
+PLUMBING = {
+    "a file lock": r"\bfcntl\b|\bflock\(",
+    "an atomic rename or fsync": r"\bos\.replace\(|\bos\.rename\(|\bfsync\(",
+    "HTTP downloads": r"\burllib\b|\bhttp\.client\b|[\"']Range[\"']|\.part\b",
+    "argument parsing or a command-line main": r"\bargparse\b|^def main\(|__main__",
+    "a subprocess": r"\bsubprocess\b|\bPopen\b",
+    "NCCL or SLURM settings": r"\bNCCL_|\bSLURM|#SBATCH|\bsbatch\b|\bsrun\b",
+}
+
+
+def plumbing_in(notebook: dict) -> list[str]:
+    found = []
+    for code in exported_cells(notebook):
+        for what, pattern in PLUMBING.items():
+            if re.search(pattern, code, re.M):
+                found.append(f"{what} in {code.splitlines()[1][:60]!r}")
+    return found
+
+
+def test_the_plumbing_check_finds_plumbing():
+    cell = {"cell_type": "code", "source": ["#| export\n", "import subprocess\n", "x = 1"]}
+    assert plumbing_in({"cells": [cell]}) == ["a subprocess in 'import subprocess'"]
+    cell["source"] = ["#| export\n", "def main(argv=None):\n", "    return 0"]
+    assert plumbing_in({"cells": [cell]}) == [
+        "argument parsing or a command-line main in 'def main(argv=None):'"
+    ]
+
+
+def test_no_reading_chapter_exports_plumbing():
+    found = {
+        p.name: hits
+        for p in chapters("reading")
+        if (hits := plumbing_in(json.loads(p.read_text(encoding="utf-8"))))
+    }
+    assert not found, found
+
+
+def test_each_reading_chapter_explains_more_than_it_exports():
+    """A book, not a code listing: every reading chapter's prose is at least as long as the code
+    it adds to the package."""
     short = []
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+    for path in chapters("reading"):
         prose, code = prose_and_exported_code(json.loads(path.read_text(encoding="utf-8")))
         if prose < code:
             short.append(f"{path.name}: {prose} characters of prose for {code} of exported code")
     assert not short, short
+
+
+def test_each_piece_of_the_appendix_has_its_paragraph():
+    """The appendix is literate too: a paragraph before each piece of exported code (a run of
+    exported cells with no other code between them)."""
+    bare = []
+    for path in chapters("appendix"):
+        said = False  # a paragraph since the last code that was not exported
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            text = "".join(cell["source"])
+            if cell["cell_type"] == "markdown":
+                said = said or len(text) > 80
+            elif re.search(r"^#\|\s*export", text, re.M):
+                if not said:
+                    bare.append(f"{path.name}: {text.splitlines()[1][:60]!r}")
+            elif "remove-cell" not in cell["metadata"].get("tags", []):
+                said = False  # the Colab cells and the default_exp line are not shown
+    assert not bare, bare
+
+
+HISTORY = re.compile(
+    r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b"  # a commit hash
+    r"|\b(?:19|20)\d\d-\d\d-\d\d\b"  # a date
+    r"|\b(?:was|were|since|been) (?:fixed|overwritten|re-run)\b|\bnot re-run\b"
+)
+
+
+def test_no_history_in_the_prose():
+    """Provenance lives in results/ and in the appendix page "How these numbers were made"; the
+    chapters' prose and the README hold no commit hashes, dates or lab-log language."""
+    found = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] == "markdown":
+                found += [f"{path.name}: {m}" for m in HISTORY.findall("".join(cell["source"]))]
+    found += [f"README.md: {m}" for m in HISTORY.findall((ROOT / "README.md").read_text())]
+    assert not found, found
+    assert HISTORY.findall("at commit 7372c41, on 2026-11-24, tests since fixed") == [
+        "7372c41",
+        "2026-11-24",
+        "since fixed",
+    ]
 
 
 def test_the_publishing_workflow_builds_the_book_and_deploys_it():

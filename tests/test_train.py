@@ -438,3 +438,12 @@ def test_every_process_stops_at_the_same_step_under_a_time_limit(tmp_path):
     )
     assert "(time limit: 0.02 min)" in r.stdout  # both left the loop: the run ended normally
     assert len(list((out / "checkpoints").glob("ckpt_*.pt"))) == 1
+
+
+def test_a_resumed_run_logs_each_step_once(tmp_path):
+    out = tmp_path / "run"
+    tiny_copy(out, *sets("max_steps=6", "checkpoint_every=4"))
+    (out / "checkpoints" / "ckpt_00000006.pt").unlink()  # as if killed after step 6's log line
+    tiny_copy(out, *sets("max_steps=8", "checkpoint_every=4"), "--resume")
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))

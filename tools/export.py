@@ -74,7 +74,7 @@ SUBPACKAGES = {  # folder -> docstring of its generated __init__.py
 
 
 def notebooks(root: Path) -> list[Path]:
-    return sorted((root / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+    return sorted((root / "notebooks").glob("*.ipynb"))
 
 
 def _module_maker(written: set[str]):

@@ -5,9 +5,11 @@
     python tools/run_notebooks.py --out _build/executed    # leave the sources as they are
 
 Runs with ANNOTATED_BOOK=1, as the book build does, so that charts are stored in the form the
-book renders offline. `--jobs N` runs N notebooks at once (default: one per core, at most four), each
-kernel with its share of the cores as OMP_NUM_THREADS. The longest
-notebooks of the last run start first (their times are kept in `_build/notebook-seconds.json`).
+book renders offline. `--jobs N` runs N notebooks at once (default: one per core, at most
+four), each kernel with its share of the cores as OMP_NUM_THREADS. The longest notebooks of
+the last run start first (their times are kept in `_build/notebook-seconds.json`),
+and a notebook whose metadata says `"book": {"after": ["09b_multi30k_results"]}` starts only
+when that one has finished, because it reads what that one trained.
 Each notebook is written to a temporary file and renamed, so an interrupted run never leaves a
 half-written notebook behind; a notebook that fails is reported with its error and the others
 still run. The exit status is 1 when any failed.
@@ -20,7 +22,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import nbformat
@@ -62,26 +64,41 @@ def _job(path: Path, out: Path | None, timeout: int, threads: int) -> tuple[str,
         return path.name, 0.0, "\n".join(lines[-12:])
 
 
+def _after(path: Path) -> set[str]:
+    """The notebooks this one reads the results of: its metadata's "book": {"after": [...]}."""
+    meta = nbformat.read(path, as_version=4).metadata.get("book", {})
+    return {f"{name}.ipynb" for name in meta.get("after", [])}
+
+
 def run_all(paths: list[Path], out_dir: Path | None, jobs: int, timeout: int) -> dict:
-    """Execute `paths`, `jobs` at a time, longest first. Returns {name: seconds or error}."""
+    """Execute `paths`, `jobs` at a time, longest first, each only after the notebooks it reads
+    (`_after`) have finished. Returns {name: seconds, or the error}."""
     known = json.loads(TIMES.read_text()) if TIMES.exists() else {}
-    paths = sorted(paths, key=lambda p: -float(known.get(p.name, 0)))
+    waiting = sorted(paths, key=lambda p: -float(known.get(p.name, 0)))
+    after = {p.name: _after(p) & {q.name for q in paths} for p in paths}
     threads = max(1, (os.cpu_count() or 1) // jobs)
     results: dict[str, float | str] = {}
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [
-            pool.submit(_job, p, out_dir / p.name if out_dir else None, timeout, threads)
-            for p in paths
-        ]
-        for future in as_completed(futures):
-            name, seconds, error = future.result()
-            results[name] = error or seconds
-            print(f"{name}: {'FAILED' if error else f'{seconds:.1f} s'}", flush=True)
-            if error:
-                print(error, file=sys.stderr, flush=True)
-    timed = {k: v for k, v in results.items() if isinstance(v, float)}
-    TIMES.parent.mkdir(exist_ok=True)
-    TIMES.write_text(json.dumps({**known, **timed}, indent=1, sort_keys=True))
+        running: set = set()
+        while waiting or running:
+            ready = [p for p in waiting if after[p.name] <= set(results)]
+            for p in ready[: jobs - len(running)]:
+                waiting.remove(p)
+                target = out_dir / p.name if out_dir else None
+                running.add(pool.submit(_job, p, target, timeout, threads))
+            if not running:  # what is left waits on a notebook that is not being run
+                raise SystemExit(f"cannot order: {', '.join(p.name for p in waiting)}")
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                name, seconds, error = future.result()
+                results[name] = error or seconds
+                print(f"{name}: {'FAILED' if error else f'{seconds:.1f} s'}", flush=True)
+                if error:
+                    print(error, file=sys.stderr, flush=True)
+                else:  # kept at once: an interrupted run still orders the next one
+                    known[name] = seconds
+                    TIMES.parent.mkdir(exist_ok=True)
+                    TIMES.write_text(json.dumps(known, indent=1, sort_keys=True))
     return results
 
 
@@ -96,7 +113,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=default_jobs())
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     args = parser.parse_args(argv)
-    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
     start = time.perf_counter()
     results = run_all([p.resolve() for p in paths], args.out, args.jobs, args.timeout)
     failed = [k for k, v in results.items() if isinstance(v, str)]

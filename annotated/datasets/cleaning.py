@@ -22,6 +22,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from ..errors import DataError
+from ..files import atomic_path
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c020
 MAX_WORDS = 250  # a longer side is dropped
@@ -107,18 +108,16 @@ def clean_corpora(corpora: dict[str, dict[str, Path]], langs: tuple[str, str], o
     seen: set[bytes] = set()  # 8-byte digests of the pairs kept so far
     rows = []
     for name, files in corpora.items():
-        paths = (out / f"{name}.{langs[0]}", out / f"{name}.{langs[1]}")
-        tmp = (out / f"{name}.{langs[0]}.tmp", out / f"{name}.{langs[1]}.tmp")
-        rows.append(_clean_one((files[langs[0]], files[langs[1]]), tmp, seen, name))
-        for t, p in zip(tmp, paths):
-            os.replace(t, p)
+        first, second = out / f"{name}.{langs[0]}", out / f"{name}.{langs[1]}"
+        with atomic_path(first) as a, atomic_path(second) as b:  # both files, or neither
+            rows.append(_clean_one((files[langs[0]], files[langs[1]]), (a, b), seen, name))
     done = {
         "rules": {"max_words": MAX_WORDS, "max_ratio": MAX_RATIO},
         "inputs": inputs,
         "rows": rows,
     }
-    record.with_name(record.name + ".tmp").write_text(json.dumps(done, indent=1) + "\n")
-    os.replace(record.with_name(record.name + ".tmp"), record)
+    with atomic_path(record) as tmp:
+        tmp.write_text(json.dumps(done, indent=1) + "\n")
     return done
 
 

@@ -10,10 +10,10 @@ __all__ = [
     "sha256_of",
     "verify_sha256",
     "verify_file",
-    "fetch",
     "read_lines",
     "decode_lines",
     "read_parallel",
+    "fetch",
 ]
 
 # %% ../../notebooks/08_multi30k_data.ipynb #c002
@@ -21,9 +21,7 @@ __all__ = [
 # and UTF-8 text reading. Every corpus module lists its own files.
 import gzip
 import hashlib
-import http.client
 import os
-import urllib.request
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +88,64 @@ def verify_file(path: str | Path, file: RemoteFile) -> None:
         )
 
 
-# %% ../../notebooks/08_multi30k_data.ipynb #c007c
+# %% ../../notebooks/08_multi30k_data.ipynb #c011
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file (gzipped if it ends in .gz), each stripped."""
+    path = Path(path)
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            return decode_lines(f, str(path))
+    except (OSError, EOFError) as e:  # missing, unreadable, corrupt or truncated gzip
+        raise DataError(
+            f"{path} cannot be read ({type(e).__name__}: {e}); fetch it again, or check "
+            f"the folder that {DATA_ENV} points at."
+        ) from None
+
+
+def decode_lines(stream, name: str) -> list[str]:
+    """The lines of a binary stream as stripped text: UTF-8, a leading byte-order mark dropped.
+    A line that is not UTF-8 raises DataError naming `name`, the line and the byte."""
+    lines = []
+    for number, raw in enumerate(stream, start=1):  # binary iteration splits on b"\n" only
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"{name}: line {number} is not valid UTF-8 ({e.reason} at byte {e.start} "
+                f"of the line: {raw[e.start : e.start + 1]!r}); convert it to UTF-8, "
+                f"for example with iconv."
+            ) from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the sentence
+        lines.append(line.strip())
+    return lines
+
+
+# %% ../../notebooks/08_multi30k_data.ipynb #c011b
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
+    """(source, target) pairs from two line-aligned files; pairs with an empty side are dropped."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise ValueError(
+            f"read_parallel: the files are not line-aligned: {src_path} has {len(src)} lines "
+            f"but {tgt_path} has {len(tgt)}."
+        )
+    pairs = [(s, t) for s, t in zip(src, tgt) if s and t]
+    if len(pairs) < len(src):
+        warnings.warn(
+            f"read_parallel: dropped {len(src) - len(pairs)} of {len(src)} pairs with an empty "
+            f"side ({src_path}, {tgt_path}).",
+            stacklevel=2,
+        )
+    return pairs
+
+
+# %% ../../notebooks/A2_downloads.ipynb #a2-imports
+import http.client
+import urllib.request
+
+
+# %% ../../notebooks/A2_downloads.ipynb #a2-c007c
 def _download(
     url: str, part: Path, size: int, progress: bool, desc: str, timeout: float = 60
 ) -> int:
@@ -132,7 +187,7 @@ def _download(
     return part.stat().st_size - have
 
 
-# %% ../../notebooks/08_multi30k_data.ipynb #c007d
+# %% ../../notebooks/A2_downloads.ipynb #a2-c007d
 def fetch(
     file: RemoteFile,
     *,
@@ -192,55 +247,3 @@ def fetch(
         ) from None
     os.replace(part, path)  # atomic: the final name only ever holds a verified file
     return path
-
-
-# %% ../../notebooks/08_multi30k_data.ipynb #c011
-def read_lines(path: str | Path) -> list[str]:
-    """The lines of a UTF-8 text file (gzipped if it ends in .gz), each stripped."""
-    path = Path(path)
-    try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-            return decode_lines(f, str(path))
-    except (OSError, EOFError) as e:  # missing, unreadable, corrupt or truncated gzip
-        raise DataError(
-            f"{path} cannot be read ({type(e).__name__}: {e}); fetch it again, or check "
-            f"the folder that {DATA_ENV} points at."
-        ) from None
-
-
-def decode_lines(stream, name: str) -> list[str]:
-    """The lines of a binary stream as stripped text: UTF-8, a leading byte-order mark dropped.
-    A line that is not UTF-8 raises DataError naming `name`, the line and the byte."""
-    lines = []
-    for number, raw in enumerate(stream, start=1):  # binary iteration splits on b"\n" only
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"{name}: line {number} is not valid UTF-8 ({e.reason} at byte {e.start} "
-                f"of the line: {raw[e.start : e.start + 1]!r}); convert it to UTF-8, "
-                f"for example with iconv."
-            ) from None
-        if number == 1:
-            line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the sentence
-        lines.append(line.strip())
-    return lines
-
-
-# %% ../../notebooks/08_multi30k_data.ipynb #c011b
-def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
-    """(source, target) pairs from two line-aligned files; pairs with an empty side are dropped."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise ValueError(
-            f"read_parallel: the files are not line-aligned: {src_path} has {len(src)} lines "
-            f"but {tgt_path} has {len(tgt)}."
-        )
-    pairs = [(s, t) for s, t in zip(src, tgt) if s and t]
-    if len(pairs) < len(src):
-        warnings.warn(
-            f"read_parallel: dropped {len(src) - len(pairs)} of {len(src)} pairs with an empty "
-            f"side ({src_path}, {tgt_path}).",
-            stacklevel=2,
-        )
-    return pairs

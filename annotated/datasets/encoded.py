@@ -9,13 +9,13 @@ __all__ = ["FORMAT", "INDEX", "write_encoded", "EncodedCorpus", "is_encoded"]
 import errno
 import json
 import os
-import shutil
 from itertools import chain, islice
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
+from ..files import atomic_path
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c030
 FORMAT = "annotated-encoded-v1"
@@ -47,35 +47,32 @@ def write_encoded(
     if tokenizer.vocab_size > 1 << 16:
         raise DataError(f"a vocabulary of {tokenizer.vocab_size:,} ids does not fit in uint16")
     folder = Path(folder)
-    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     threads = threads or os.cpu_count() or 1  # SentencePiece encodes a block on every core
+    offset = 0
     try:
-        offset, parts = 0, []
-        with open(tmp / "tokens.u16", "wb") as out:
-            pairs = iter(pairs)
-            while chunk := list(islice(pairs, block)):
-                ids, rows = _encode_block(tokenizer, chunk, threads)
-                rows["offset"] += offset
-                out.write(ids.tobytes())
-                offset += len(ids)
-                parts.append(rows)
-        np.save(tmp / "index.npy", np.concatenate(parts) if parts else np.zeros(0, INDEX))
-        header = {
-            "format": FORMAT,
-            "tokenizer": tokenizer.fingerprint,
-            "vocab_size": tokenizer.vocab_size,
-            "pairs": int(sum(map(len, parts))),
-            "tokens": offset,
-            "about": about or {},
-        }
-        (tmp / "header.json").write_text(json.dumps(header, indent=1) + "\n")  # the marker
-        shutil.rmtree(folder, ignore_errors=True)  # an older or unfinished encoding
-        os.replace(tmp, folder)
-    except BaseException as e:  # Ctrl-C included: nothing half-written stays behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        with atomic_path(folder) as tmp:  # the whole folder, or nothing
+            tmp.mkdir()
+            parts = []
+            with open(tmp / "tokens.u16", "wb") as out:
+                pairs = iter(pairs)
+                while chunk := list(islice(pairs, block)):
+                    ids, rows = _encode_block(tokenizer, chunk, threads)
+                    rows["offset"] += offset
+                    out.write(ids.tobytes())
+                    offset += len(ids)
+                    parts.append(rows)
+            np.save(tmp / "index.npy", np.concatenate(parts) if parts else np.zeros(0, INDEX))
+            header = {
+                "format": FORMAT,
+                "tokenizer": tokenizer.fingerprint,
+                "vocab_size": tokenizer.vocab_size,
+                "pairs": int(sum(map(len, parts))),
+                "tokens": offset,
+                "about": about or {},
+            }
+            (tmp / "header.json").write_text(json.dumps(header, indent=1) + "\n")  # the marker
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
             raise DataError(
                 f"the disk filled up while encoding into {folder}; nothing was kept. It needs "
                 f"2 bytes per token (about {2 * offset:,} bytes were written before it failed) "

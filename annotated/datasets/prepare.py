@@ -6,12 +6,12 @@ __all__ = ["VOCAB", "SAMPLE_VOCAB", "TOKENIZER_SENTENCES", "Prepared", "prepare_
 # %% ../../notebooks/10_wmt14_data.ipynb #c002c
 # WMT14 from archives to training data: raw text, cleaning, a shared BPE vocabulary learned on a
 # random sample, and every split encoded once. Each step skips work that is already verified.
-import fcntl
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import hold_lock
 from ..tokenizer import TOKENIZER_OPTIONS, Tokenizer, load_tokenizer, train_tokenizer
 from .cleaning import clean_corpora, read_pairs, sample_pairs
 from .encoded import EncodedCorpus, is_encoded, write_encoded
@@ -82,8 +82,7 @@ def prepare_wmt14(
     src, tgt = pair.split("-")
     langs = (src, tgt)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "prepare.lock", "a") as lock:  # one process at a time; the others wait
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with hold_lock(folder / "prepare.lock"):  # one process at a time; the others wait
         raw = raw_files(pair, scale, folder / "raw", **source_kwargs)
         cleaning = clean_corpora(raw["train"], langs, folder / "clean")
         vocab_size = vocab_size or (VOCAB[pair] if scale == "full" else SAMPLE_VOCAB)

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
+from ..files import atomic_path
 from .download import RemoteFile, cache_dir, fetch, sha256_of
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c005
@@ -199,10 +200,8 @@ def fetch_archive(file: RemoteFile, *, lock: str | Path | None = None, **fetch_k
         return fetch(replace(file, **locked[file.path]), **fetch_kwargs)
     path = fetch(file, **fetch_kwargs)  # checks the published size, if any
     locked[file.path] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    tmp = lock.with_name(lock.name + ".tmp")
-    tmp.write_text(json.dumps(locked, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, lock)
+    with atomic_path(lock) as tmp:
+        tmp.write_text(json.dumps(locked, indent=1, sort_keys=True) + "\n")
     return path
 
 
@@ -213,22 +212,16 @@ _SEG = re.compile(rb"<seg[^>]*>(.*)</seg>")
 def _copy_member(stream, name: str, dest: Path) -> None:
     """Write one archive member to `dest` as plain text (gunzipped, or SGML segments one per line),
     under a temporary name first."""
-    tmp = dest.with_name(dest.name + ".tmp")
-    try:
-        with open(tmp, "wb") as out:
-            if name.endswith(".gz"):
-                stream = gzip.GzipFile(fileobj=stream)
-            if name.endswith(".sgm"):
-                for line in stream:
-                    match = _SEG.search(line)
-                    if match:
-                        out.write(match.group(1).strip() + b"\n")
-            else:
-                shutil.copyfileobj(stream, out, 1 << 20)
-        os.replace(tmp, dest)
-    except BaseException:  # a corrupt archive, a full disk, Ctrl-C: no partial member stays
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(dest) as tmp, open(tmp, "wb") as out:  # no partial member ever stays
+        if name.endswith(".gz"):
+            stream = gzip.GzipFile(fileobj=stream)
+        if name.endswith(".sgm"):
+            for line in stream:
+                match = _SEG.search(line)
+                if match:
+                    out.write(match.group(1).strip() + b"\n")
+        else:
+            shutil.copyfileobj(stream, out, 1 << 20)
 
 
 def extract_members(archive: Path, wanted: dict[str, Path]) -> None:
@@ -270,9 +263,8 @@ def _sample_raw(out: Path, **fetch_kwargs) -> dict[str, dict[str, dict[str, Path
             detok = MosesDetokenizer(lang)
             lines = files[f"train.{lang}"].read_text(encoding="utf-8").splitlines()
             text = "".join(detok.detokenize(html.unescape(s).split()) + "\n" for s in lines)
-            out.mkdir(parents=True, exist_ok=True)
-            dest.with_name(dest.name + ".tmp").write_text(text, encoding="utf-8")
-            os.replace(dest.with_name(dest.name + ".tmp"), dest)
+            with atomic_path(dest) as tmp:
+                tmp.write_text(text, encoding="utf-8")
     paths = {
         split: {lang: files[f"{split}.{lang}"] for lang in ("en", "de")}
         for split in ("dev", "test")

@@ -1,0 +1,85 @@
+"""Build the book: execute every chapter, then render the executed copies.
+
+    python tools/build_book.py [--jobs N]      # what `make book` runs
+
+1. `run_notebooks.run_all` executes the chapters of `_toc.yml`, several at a time, into
+   `_build/source/notebooks/`: the sources in `notebooks/` are never written to, so a build
+   stopped half-way leaves them as they were.
+2. `_build/source/` gets the rest of the book's source (the table of contents, `book/`, and
+   `_config.yml` with execution off), and Jupyter Book renders it into `_build/html/`, with
+   warnings as errors.
+
+The time of each part goes to `_build/build-seconds.json` and is printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from run_notebooks import default_jobs, run_all
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGE = ROOT / "_build" / "source"
+
+
+def chapters() -> list[Path]:
+    """The notebooks of the table of contents, in its order."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    return [ROOT / f"{f}.ipynb" for f in files if (ROOT / f"{f}.ipynb").exists()]
+
+
+def stage() -> None:
+    """Everything Jupyter Book reads besides the executed notebooks, under STAGE."""
+    STAGE.mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config["execute"]["execute_notebooks"] = "off"  # executed already, by run_all
+    (STAGE / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    shutil.copy(ROOT / "_toc.yml", STAGE / "_toc.yml")
+    link = STAGE / "book"
+    if not link.is_symlink():
+        shutil.rmtree(link, ignore_errors=True)
+        link.symlink_to(os.path.relpath(ROOT / "book", STAGE))
+
+
+def render() -> int:
+    jb = shutil.which("jupyter-book", path=str(Path(sys.executable).parent)) or "jupyter-book"
+    command = [jb, "build", str(STAGE), "--path-output", str(ROOT)]
+    command += ["--warningiserror", "--keep-going", "--quiet"]
+    return subprocess.run(command, cwd=ROOT).returncode
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=default_jobs())
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    stage()
+    results = run_all(chapters(), STAGE / "notebooks", args.jobs, timeout=1800)
+    failed = sorted(k for k, v in results.items() if isinstance(v, str))
+    executed = time.perf_counter() - start
+    if failed:
+        print(f"not built: {', '.join(failed)} failed (above)", file=sys.stderr)
+        return 1
+    code = render()
+    total = time.perf_counter() - start
+    times = {"execute_s": round(executed, 1), "render_s": round(total - executed, 1)}
+    times |= {"total_s": round(total, 1), "jobs": args.jobs, "cpus": os.cpu_count()}
+    (ROOT / "_build" / "build-seconds.json").write_text(json.dumps(times, indent=1))
+    print(
+        f"executed {len(results)} chapters in {executed:.0f} s ({args.jobs} at a time), "
+        f"rendered in {total - executed:.0f} s: {total:.0f} s in all"
+    )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
