@@ -19,8 +19,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from annotated.files import write_text_atomic
 from annotated.complexity import layer_costs, layer_costs_figure
+from annotated.files import write_text_atomic
 from annotated.plots import save_png
 from annotated.provenance import provenance
 

@@ -67,10 +67,10 @@ sys.path.insert(0, str(ROOT))
 
 from annotated import make_model, subsequent_mask
 from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler, make_batch
-from annotated.files import write_text_atomic
 from annotated.decoding import beam_search, beam_search_core
 from annotated.embeddings import Embeddings, PositionalEncoding
 from annotated.fast import fused_attention, make_fast
+from annotated.files import write_text_atomic
 from annotated.loss import (
     FusedLabelSmoothing,
     LabelSmoothing,

@@ -19,7 +19,7 @@ import torch
 
 from ..bleu import sacrebleu_score, score_translations
 from ..checkpoints import checkpoint_paths, read_json, read_metrics
-from ..errors import ExpectedError, TrainingError
+from ..errors import TrainingError
 from ..files import write_text_atomic
 from ..plots import save_run_plot
 from ..provenance import git_commit
@@ -168,6 +168,8 @@ def bleu_per_checkpoint(
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-imports
 import argparse
+
+from ..errors import ExpectedError
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-c023c

@@ -26,8 +26,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm  # a text bar: works in a terminal and in a notebook's output
-
 from ..errors import ChecksumError, DataError
 
 
@@ -143,6 +141,8 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str,
 # %% ../../notebooks/A2_downloads.ipynb #a2-imports
 import http.client
 import urllib.request
+
+from tqdm import tqdm  # a text bar: works in a terminal and in a notebook's output
 
 
 # %% ../../notebooks/A2_downloads.ipynb #a2-c007c
