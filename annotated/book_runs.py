@@ -54,7 +54,7 @@ def book_run(config: str, out, overrides=(), *, minutes: float) -> Path:
 
 # %% ../notebooks/A9_how_these_numbers_were_made.ipynb #c011
 # The Multi30k run of each profile (chapter 9): its configuration and time limit (0: none).
-PROFILES = {"cpu": ("multi30k-cpu", 3.0), "gpu": ("multi30k", 0.0)}
+PROFILES = {"cpu": ("multi30k-cpu", 2.0), "gpu": ("multi30k", 0.0)}
 
 
 def multi30k_run(profile: str, runs=Path("../runs/book")) -> Path:

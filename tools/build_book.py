@@ -1,6 +1,7 @@
 """Build the book: execute every chapter, then render the executed copies.
 
     python tools/build_book.py [--jobs N]      # what `make book` runs
+    python tools/build_book.py --record results/book-build/NAME.json   # and keep the times
 
 1. `run_notebooks.run_all` executes the chapters of `_toc.yml`, several at a time, into
    `_build/source/notebooks/`: the sources in `notebooks/` are never written to, so a build
@@ -9,7 +10,9 @@
    `_config.yml` with execution off), and Jupyter Book renders it into `_build/html/`, with
    warnings as errors.
 
-The time of each part goes to `_build/build-seconds.json` and is printed at the end.
+The time of each part goes to `_build/build-seconds.json` and is printed at the end; with
+`--record FILE` it is also written to FILE with its provenance (command, commit, device, date,
+the machine's load when the build started) and each chapter's execution time.
 """
 
 from __future__ import annotations
@@ -57,10 +60,23 @@ def render() -> int:
     return subprocess.run(command, cwd=ROOT).returncode
 
 
+def record(path: Path, times: dict, results: dict) -> None:
+    from annotated.files import write_text_atomic
+    from annotated.provenance import provenance
+
+    command = " ".join(["python tools/build_book.py", *sys.argv[1:]])
+    chapters = {k: round(v, 1) for k, v in sorted(results.items()) if isinstance(v, float)}
+    out = provenance(command, "cpu") | {"cpus": os.cpu_count()} | times | {"chapters": chapters}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(out, indent=1) + "\n")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=default_jobs())
+    parser.add_argument("--record", type=Path, help="also write the times here, with provenance")
     args = parser.parse_args(argv)
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     stage()
     results = run_all(chapters(), STAGE / "notebooks", args.jobs, timeout=1800)
@@ -74,6 +90,8 @@ def main(argv: list[str]) -> int:
     times = {"execute_s": round(executed, 1), "render_s": round(total - executed, 1)}
     times |= {"total_s": round(total, 1), "jobs": args.jobs, "cpus": os.cpu_count()}
     (ROOT / "_build" / "build-seconds.json").write_text(json.dumps(times, indent=1))
+    if args.record:
+        record(args.record, times | {"load_at_start": load}, results)
     print(
         f"executed {len(results)} chapters in {executed:.0f} s ({args.jobs} at a time), "
         f"rendered in {total - executed:.0f} s: {total:.0f} s in all"

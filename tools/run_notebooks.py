@@ -70,10 +70,12 @@ def _after(path: Path) -> set[str]:
     return {f"{name}.ipynb" for name in meta.get("after", [])}
 
 
-def run_all(paths: list[Path], out_dir: Path | None, jobs: int, timeout: int) -> dict:
+def run_all(
+    paths: list[Path], out_dir: Path | None, jobs: int, timeout: int, times: Path = TIMES
+) -> dict:
     """Execute `paths`, `jobs` at a time, longest first, each only after the notebooks it reads
     (`_after`) have finished. Returns {name: seconds, or the error}."""
-    known = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    known = json.loads(times.read_text()) if times.exists() else {}
     waiting = sorted(paths, key=lambda p: -float(known.get(p.name, 0)))
     after = {p.name: _after(p) & {q.name for q in paths} for p in paths}
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -97,8 +99,8 @@ def run_all(paths: list[Path], out_dir: Path | None, jobs: int, timeout: int) ->
                     print(error, file=sys.stderr, flush=True)
                 else:  # kept at once: an interrupted run still orders the next one
                     known[name] = seconds
-                    TIMES.parent.mkdir(exist_ok=True)
-                    TIMES.write_text(json.dumps(known, indent=1, sort_keys=True))
+                    times.parent.mkdir(exist_ok=True)
+                    times.write_text(json.dumps(known, indent=1, sort_keys=True))
     return results
 
 
