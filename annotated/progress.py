@@ -38,8 +38,11 @@ class Progress:
         self.start = self.window_start = time.time()
         self.window_tokens, self.window_waited = 0, 0.0
 
-    def update(self, step, loss, lr, tokens: int, skipped=None, *, waited: float = 0.0) -> None:
-        """skipped: fp16 steps skipped so far; waited: seconds spent waiting for data so far."""
+    def update(
+        self, step, loss, lr, tokens: int, skipped=None, *, waited: float = 0.0, last=False
+    ) -> None:
+        """skipped: fp16 steps skipped so far; waited: seconds spent waiting for data so far;
+        last: the run ends at this step (its time limit), which is logged whatever the step."""
         self.window_tokens += tokens
         if self.log is None:
             return
@@ -49,7 +52,7 @@ class Progress:
             loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False
         )
         self.bar.update(1)
-        if step % self.every == 0 or step == self.last_step:
+        if step % self.every == 0 or step == self.last_step or last:
             seconds = time.time() - self.start
             record = dict(step=step, loss=loss, lr=lr, target_tokens_per_s=tok_s, elapsed_s=seconds)
             record["data_wait"] = (waited - self.window_waited) / elapsed if elapsed > 0 else 0.0

@@ -298,7 +298,7 @@ def _train_locked(
             run.seconds = earlier + time.time() - log.start
             out_of_time = _out_of_time(cfg, run.seconds, world, device)
             skipped = precision.skipped if precision.scaler else None
-            log.update(run.step, loss, lr, tokens, skipped, waited=batches.waited)
+            log.update(run.step, loss, lr, tokens, skipped, waited=batches.waited, last=out_of_time)
             if rank == 0 and (out_of_time or _checkpoint_due(cfg, run.step, last_time)):
                 last_path, last_time = _checkpoint(out, run, cfg, world), time.time()
     except KeyboardInterrupt:

@@ -412,6 +412,8 @@ def test_a_time_limit_stops_the_run_checkpointed_and_counts_across_resumes(tmp_p
     last = sorted((out / "checkpoints").glob("ckpt_*.pt"))[-1]
     state = torch.load(last, weights_only=True)
     assert 1 <= state["step"] < 100000 and state["seconds"] >= 1.2  # the stop step is kept
+    logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged[-1] == state["step"]  # and logged
     # resumed with the same limit: the time is spent already, nothing more is trained
     tiny_copy(out, *limit, "--resume")
     assert sorted((out / "checkpoints").glob("ckpt_*.pt"))[-1] == last
