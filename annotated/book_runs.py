@@ -74,4 +74,6 @@ def glue(name: str, value) -> None:
         from myst_nb import glue as myst_glue
     except ImportError:
         return
+    if hasattr(value, "item"):  # a NumPy or PyTorch scalar: the plain number formats in prose
+        value = value.item()
     myst_glue(name, value, display=False)
