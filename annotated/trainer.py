@@ -24,9 +24,15 @@ from annotated.checkpoints import (
     rng_state,
     save_checkpoint,
 )
+from annotated.config import (
+    TrainConfig,
+    checkpoint_due,
+    micro_batches_per_process,
+    out_of_time,
+    validate_config,
+)
 
 from .batching import PAD
-from .config import TrainConfig, micro_batches_per_process, validate_config
 from .distributed import all_sum, finish_distributed, setup_distributed
 from .errors import ConfigError, TrainingError
 from .fast import make_fast
@@ -35,7 +41,7 @@ from .loss import FusedLabelSmoothing, LabelSmoothing
 from .model import make_model
 from .precision import Precision, bf16_speedup, choose_precision
 from .prefetch import Prefetcher
-from .progress import Progress
+from .progress import Progress, run_summary
 from .provenance import git_commit
 from .registry import TASKS
 from .schedule import make_optimizer
@@ -200,21 +206,7 @@ def _batches(run: _Run, rank: int, device, last: int) -> Prefetcher:
     )
 
 
-# %% ../notebooks/06c_trainer.ipynb #c015d2
-def _checkpoint_due(cfg: TrainConfig, step: int, last_time: float) -> bool:
-    minutes = cfg.checkpoint_minutes and time.time() - last_time >= 60 * cfg.checkpoint_minutes
-    every = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-    return bool(every or minutes or step == cfg.max_steps)
-
-
-def _out_of_time(cfg: TrainConfig, seconds: float, world: int, device) -> bool:
-    """Has the run used its `max_minutes`? Every process stops at the same step: the first
-    one to run out of time decides for all."""
-    if not cfg.max_minutes:
-        return False
-    return all_sum(float(seconds >= 60 * cfg.max_minutes), world, device) > 0
-
-
+# %% ../notebooks/06c_trainer.ipynb #c015d3
 def _checkpoint(out: Path, run: _Run, cfg: TrainConfig, world: int) -> Path:
     if not all_finite(run.model):  # never checkpoint a broken state
         raise _diverged(out, run.step, "its update left inf or NaN in the weights")
@@ -287,19 +279,19 @@ def _train_locked(
     batches = _batches(run, rank, device, cfg.max_steps)
     last_path, loss, run_tokens, last_time = None, None, 0, time.time()
     earlier = run.seconds  # what a resumed run had trained before
-    out_of_time = _out_of_time(cfg, run.seconds, world, device)
+    time_up = out_of_time(cfg, run.seconds, world, device)
     run.model.train()
     try:
-        while run.step < cfg.max_steps and not out_of_time:
+        while run.step < cfg.max_steps and not time_up:
             loss, lr, tokens = _step(run, model, cfg, rank, world, device, batches)
             if not math.isfinite(loss):
                 raise _diverged(out, run.step, f"the loss became {loss}")
             run_tokens += tokens
             run.seconds = earlier + time.time() - log.start
-            out_of_time = _out_of_time(cfg, run.seconds, world, device)
+            time_up = out_of_time(cfg, run.seconds, world, device)
             skipped = precision.skipped if precision.scaler else None
-            log.update(run.step, loss, lr, tokens, skipped, waited=batches.waited, last=out_of_time)
-            if rank == 0 and (out_of_time or _checkpoint_due(cfg, run.step, last_time)):
+            log.update(run.step, loss, lr, tokens, skipped, waited=batches.waited, last=time_up)
+            if rank == 0 and (time_up or checkpoint_due(cfg, run.step, last_time)):
                 last_path, last_time = _checkpoint(out, run, cfg, world), time.time()
     except KeyboardInterrupt:
         good = checkpoint_paths(out)
@@ -311,30 +303,7 @@ def _train_locked(
     finally:
         batches.close()
         log.close()
-    summary = _summary(
+    summary = run_summary(
         out, cfg, run.step, time.time() - log.start, loss, run_tokens, last_path, world, rank
     )
     return {**summary, "data_wait_s": batches.waited}
-
-
-# %% ../notebooks/06c_trainer.ipynb #c015e3
-def _summary(out, cfg, step, seconds, loss, run_tokens, last_path, world, rank) -> dict:
-    """What `train` returns, and the line the first process prints at the end."""
-    summary = {
-        "steps": step,
-        "seconds": seconds,
-        "last_checkpoint": str(last_path) if last_path else None,
-        "loss": loss,
-        "world_size": world,
-        "target_tokens_per_s": run_tokens / seconds if seconds > 0 else 0.0,
-    }
-    if rank == 0:
-        limit = f" (time limit: {cfg.max_minutes:g} min)" if step < cfg.max_steps else ""
-        print(
-            f"done: step {step}/{cfg.max_steps}{limit} in {seconds:.1f} s "
-            f"({summary['target_tokens_per_s']:,.0f} target tokens/s). "
-            f"Checkpoints: {out / 'checkpoints'} "
-            f"(last: {last_path.name if last_path else 'none'}); "
-            f"metrics: {out / 'metrics.jsonl'}"
-        )
-    return summary
