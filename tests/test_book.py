@@ -206,6 +206,36 @@ def test_no_history_in_the_prose():
     ]
 
 
+GLUED_IN_PROSE = re.compile(r"\{glue:text\}`([A-Za-z0-9_.-]+?)(?::|`)")
+
+
+def glued_names(cells) -> tuple[set, set]:
+    """(names the prose cites with {glue:text}, names the stored outputs hold from glue())."""
+    cited, held = set(), set()
+    for cell in cells:
+        if cell["cell_type"] == "markdown":
+            cited |= set(GLUED_IN_PROSE.findall("".join(cell["source"])))
+        for output in cell.get("outputs", []):
+            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+            held |= {name} if name else set()
+    return cited, held
+
+
+def test_every_glued_figure_in_the_prose_comes_from_the_chapters_outputs():
+    """A figure the prose cites with {glue:text} must be one the chapter's own stored outputs
+    give (myst-nb renders a missing one as a warning and an empty gap); and the chapters that
+    quote measured figures glue them rather than type them."""
+    missing, citing = [], set()
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cited, held = glued_names(json.loads(path.read_text(encoding="utf-8"))["cells"])
+        missing += [f"{path.name}: {name}" for name in sorted(cited - held)]
+        citing |= {path.name[:3]} if cited else set()
+    assert not missing, missing
+    assert {"05_", "06b", "08_", "09_", "09b", "10_", "11_", "12_"} <= citing, citing
+    example = {"cell_type": "markdown", "source": ["{glue:text}`gap:.1%` and {glue:text}`n`"]}
+    assert glued_names([example]) == ({"gap", "n"}, set())
+
+
 def test_the_publishing_workflow_builds_the_book_and_deploys_it():
     workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
     assert workflow[True]["push"]["branches"] == ["main"]  # YAML reads the key `on` as True
