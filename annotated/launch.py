@@ -142,6 +142,7 @@ def slurm_script(
     torchrun per machine, meeting at the first; resubmitted, it resumes from `out`."""
     sets = [f"--set {shlex.quote(item)}" for item in overrides]
     train = " ".join([f"--config {config}", f"--out {shlex.quote(out)}", *sets])
+    prepare = " ".join(["python -m annotated.cli.prepare", f"--config {config}", *sets])
     resume = f"$(ls {shlex.quote(out)}/checkpoints/ckpt_*.pt >/dev/null 2>&1 && echo --resume)"
     lines = [
         "#!/bin/bash",
@@ -160,11 +161,16 @@ def slurm_script(
         "# export NCCL_IB_DISABLE=1        # only on clusters without InfiniBand",
         "export OMP_NUM_THREADS=4",
         "",
+        "set -e  # a step that fails ends the job",
         "# run from an environment where annotated is installed (pip install, or a venv)",
-        "# the data once, on a filesystem every node sees ($XDG_CACHE_HOME)",
-        " ".join(["python -m annotated.cli.prepare", f"--config {config}", *sets]),
+        "# the data's home: a folder every node sees (the default, ~/.cache, if home is shared)",
+        'export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}"',
+        "# the data, prepared once on this (the first) node; then every node checks that it",
+        "# sees it, which takes seconds (a node that does not prepares its own copy)",
+        prepare,
+        f"srun --ntasks-per-node=1 {prepare}",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"srun torchrun --nnodes={nodes} --nproc_per_node={gpus_per_node} "
+        f"srun python -m torch.distributed.run --nnodes={nodes} --nproc_per_node={gpus_per_node} "
         f"--rdzv_backend=c10d --rdzv_endpoint=$head:29500 --rdzv_id=$SLURM_JOB_ID \\",
         " ".join(["    -m annotated.cli.train", train, "--no-progress", resume]),
     ]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import annotated.datasets.encoded as encoded
-from annotated.datasets.cleaning import RULES, clean_corpora, sample_pairs
+from annotated.datasets.cleaning import LINE_BREAKS, RULES, clean_corpora, read_pairs, sample_pairs
 from annotated.datasets.download import RemoteFile, fetch
 from annotated.datasets.encoded import EncodedCorpus, is_encoded, write_encoded
 from annotated.datasets.prepare import prepare_wmt14
@@ -27,6 +27,7 @@ from annotated.datasets.wmt14 import (
     default_scale,
     extract_members,
     fetch_archive,
+    load_test_set,
 )
 from annotated.errors import ChecksumError, DataError
 from annotated.tokenizer import train_tokenizer
@@ -250,6 +251,30 @@ def test_each_cleaning_rule_is_counted(tmp_path):
     (raw / "b.de").write_text("ein gutes paar\n")
     with pytest.raises(DataError, match="not line-aligned"):
         clean_corpora(corpora, ("en", "de"), tmp_path / "clean")
+
+
+@pytest.mark.parametrize("mark", list(LINE_BREAKS))
+def test_a_line_break_inside_a_sentence_keeps_the_pairs_aligned(tmp_path, mark):
+    """A carriage return, U+0085, U+2028 and the like inside one sentence of an archive: the
+    archive's lines end at "\n" only, and every later pair keeps its own translation."""
+    english = ["one", f"two{mark}halves", "three", "four"]
+    german = ["eins", "zwei hälften", f"drei{mark}", "vier"]
+    raw = {"en": tmp_path / "c.en", "de": tmp_path / "c.de"}
+    raw["en"].write_bytes("".join(f"{s}\n" for s in english).encode())
+    raw["de"].write_bytes("".join(f"{s}\n" for s in german).encode())
+    done = clean_corpora({"c": raw}, ("en", "de"), tmp_path / "clean")
+    assert done["rows"][0]["pairs out"] == 4
+    cleaned = (tmp_path / "clean" / "c.en", tmp_path / "clean" / "c.de")
+    expected = [
+        ("one", "eins"),
+        ("two halves", "zwei hälften"),
+        ("three", "drei"),
+        ("four", "vier"),
+    ]
+    assert list(read_pairs([cleaned])) == expected
+    assert sample_pairs([cleaned], 4, 4) == expected
+    # the test sets keep whatever a segment holds, and stay aligned
+    assert load_test_set({"t": raw}, "en-de") == list(zip(english, german))
 
 
 def test_the_tokenizer_sample_is_seeded_uniform_and_in_file_order(tmp_path):

@@ -260,6 +260,16 @@ def test_slurm_script_is_valid_bash_and_resumes(tmp_path):
     assert "--nnodes=4 --nproc_per_node=8" in script
     assert "python -m annotated.cli.prepare --config wmt14-big --set max_steps=10" in script
     assert "--out 'runs/big run'" in script and "echo --resume" in script
+    # torchrun as the single-machine command runs it, through the environment's own Python
+    assert "srun python -m torch.distributed.run --nnodes=4" in script
+    assert "srun torchrun" not in script
+    # the data: on a folder every node sees, prepared on the first, then checked on every node
+    lines = script.splitlines()
+    prepare = "python -m annotated.cli.prepare --config wmt14-big --set max_steps=10"
+    first, every = lines.index(prepare), lines.index(f"srun --ntasks-per-node=1 {prepare}")
+    cache = lines.index('export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}"')
+    train = next(i for i, line in enumerate(lines) if "torch.distributed.run" in line)
+    assert lines.index("set -e  # a step that fails ends the job") < cache < first < every < train
 
 
 def test_launch_streams_the_log_and_returns_the_records(tmp_path, capsys):

@@ -5,7 +5,9 @@ __all__ = [
     "MAX_WORDS",
     "MAX_RATIO",
     "RULES",
+    "LINE_BREAKS",
     "rejection",
+    "one_line",
     "clean_corpora",
     "read_pairs",
     "sample_pairs",
@@ -49,6 +51,16 @@ def rejection(src: str, tgt: str) -> str | None:
 
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c022
+# What str.splitlines() and Python's text files may take for the end of a line, besides "\n"
+LINE_BREAKS = "\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+_ONE_LINE = str.maketrans(dict.fromkeys(LINE_BREAKS, " "))
+
+
+def one_line(text: str) -> str:
+    """`text` with every character some reader could take for a line break made a space."""
+    return text.translate(_ONE_LINE).strip()
+
+
 def _clean_one(files: tuple[Path, Path], out: tuple[Path, Path], seen: set, name: str) -> dict:
     counts: Counter = Counter()
     with open(files[0], "rb") as a, open(files[1], "rb") as b:
@@ -61,7 +73,7 @@ def _clean_one(files: tuple[Path, Path], out: tuple[Path, Path], seen: set, name
                     )
                 counts["pairs in"] += 1
                 try:
-                    src, tgt = raw_a.decode("utf-8").strip(), raw_b.decode("utf-8").strip()
+                    src, tgt = one_line(raw_a.decode("utf-8")), one_line(raw_b.decode("utf-8"))
                 except UnicodeDecodeError:
                     counts[RULES[0]] += 1
                     continue
@@ -125,7 +137,9 @@ def clean_corpora(corpora: dict[str, dict[str, Path]], langs: tuple[str, str], o
 def read_pairs(files: list[tuple[Path, Path]]):
     """(source, target) lines of line-aligned file pairs, one file pair after another."""
     for src_path, tgt_path in files:
-        with open(src_path, encoding="utf-8") as a, open(tgt_path, encoding="utf-8") as b:
+        a = open(src_path, encoding="utf-8", newline="\n")  # a line ends at "\n", nothing else
+        b = open(tgt_path, encoding="utf-8", newline="\n")
+        with a, b:
             yield from ((s.rstrip("\n"), t.rstrip("\n")) for s, t in zip(a, b))
 
 

@@ -11,6 +11,7 @@ __all__ = [
     "wmt14_folder",
     "fetch_archive",
     "extract_members",
+    "read_lines",
     "raw_files",
     "load_test_set",
 ]
@@ -250,6 +251,13 @@ def extract_members(archive: Path, wanted: dict[str, Path]) -> None:
 
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c014
+def read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, split at "\n" only (not at the other characters that
+    `str.splitlines` takes for line breaks, which a sentence may hold)."""
+    lines = path.read_bytes().decode("utf-8").split("\n")  # read_text would turn "\r" into "\n"
+    return lines[:-1] if lines[-1] == "" else lines
+
+
 def _sample_raw(out: Path, **fetch_kwargs) -> dict[str, dict[str, dict[str, Path]]]:
     """The offline sample as plain text: the Moses tokenization of its training pairs undone."""
     import html
@@ -261,7 +269,7 @@ def _sample_raw(out: Path, **fetch_kwargs) -> dict[str, dict[str, dict[str, Path
         dest = out / f"sample.{lang}"
         if not dest.is_file():
             detok = MosesDetokenizer(lang)
-            lines = files[f"train.{lang}"].read_text(encoding="utf-8").splitlines()
+            lines = read_lines(files[f"train.{lang}"])
             text = "".join(detok.detokenize(html.unescape(s).split()) + "\n" for s in lines)
             with atomic_path(dest) as tmp:
                 tmp.write_text(text, encoding="utf-8")
@@ -311,8 +319,7 @@ def load_test_set(files: dict[str, dict[str, Path]], pair: str) -> list[tuple[st
     """(source, reference) sentences of a development or test split from `raw_files`."""
     src, tgt = pair.split("-")
     (corpus,) = files.values()
-    sources = corpus[src].read_text(encoding="utf-8").splitlines()
-    references = corpus[tgt].read_text(encoding="utf-8").splitlines()
+    sources, references = read_lines(corpus[src]), read_lines(corpus[tgt])
     if len(sources) != len(references):
         raise DataError(
             f"{corpus[src]} has {len(sources)} lines but {corpus[tgt]} has {len(references)}; "
