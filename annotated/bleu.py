@@ -50,29 +50,34 @@ def split_compounds(line: str) -> str:
 
 
 class PaperTokenizer:
-    """The tokenisation of tensor2tensor's get_ende_bleu.sh: Unicode punctuation replaced,
-    Moses tokenizer (-l lang), hyphenated compounds split with ##AT## (unless compound_split
-    is False: plain tokenized BLEU)."""
+    """Moses' tokenizer.perl (-l lang), then hyphenated compounds split with ##AT## (unless
+    compound_split is False); with replace_punctuation, replace-unicode-punctuation.perl first,
+    which tensor2tensor's get_ende_bleu.sh applies to the system's output only."""
 
-    def __init__(self, lang: str = "de", *, compound_split: bool = True):
+    def __init__(
+        self, lang: str = "de", *, compound_split: bool = True, replace_punctuation: bool = False
+    ):
         self.normalizer, self.tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
-        self.compound_split = compound_split
+        self.compound_split, self.replace_punctuation = compound_split, replace_punctuation
 
     def __call__(self, line: str) -> str:
-        line = self.normalizer.replace_unicode_punct(line)
+        if self.replace_punctuation:
+            line = self.normalizer.replace_unicode_punct(line)
         line = self.tokenizer.tokenize(line, return_str=True)
         return split_compounds(line) if self.compound_split else line
 
 
 def tokenized_bleu(hyps, refs, lang: str = "de", *, compound_split: bool = True):
-    """The paper's BLEU (comparable to Table 2, NOT to sacreBLEU) -> (score, its settings).
-    compound_split=False: the same without splitting compounds (multi-bleu.perl on Moses tokens)."""
+    """The paper's BLEU (comparable to Table 2, NOT to sacreBLEU) -> (score, its settings):
+    get_ende_bleu.sh as written, Unicode punctuation replaced in the hypotheses only.
+    compound_split=False: multi-bleu.perl on tokenizer.perl's tokens of both sides."""
     hyps, refs = _check_corpora(hyps, refs, "tokenized_bleu")
-    tok = PaperTokenizer(lang, compound_split=compound_split)
+    system = PaperTokenizer(lang, compound_split=compound_split, replace_punctuation=compound_split)
+    reference = PaperTokenizer(lang, compound_split=compound_split)
     bleu = BLEU(tokenize="none", smooth_method="none", force=True)
-    score = bleu.corpus_score([tok(h) for h in hyps], [[tok(r) for r in refs]]).score
-    split = "+compound-split(##AT##)" if compound_split else ""
-    return score, f"moses-tok:{lang}{split}|{bleu.get_signature()}"
+    score = bleu.corpus_score([system(h) for h in hyps], [[reference(r) for r in refs]]).score
+    steps = "+hyp-unicode-punct+compound-split(##AT##)" if compound_split else ""
+    return score, f"moses-tok:{lang}{steps}|{bleu.get_signature()}"
 
 
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)

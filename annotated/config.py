@@ -56,7 +56,7 @@ class TrainConfig:
     keep_last: int = 5  # checkpoints kept (the paper averages the last 5 / 20)
     log_every: int = 100  # steps between metrics-log lines
     seed: int = 0
-    # speed (chapter 6b): none of these changes the function being trained
+    # speed (chapter 6b): the same model and loss; precision also changes the rounding
     fast: bool = True  # make_fast(model) and FusedLabelSmoothing; False: the reference path
     precision: str = "auto"  # fp32, bf16, fp16 (with a gradient scaler); auto: per device
     fused_adam: bool = True  # one fused Adam kernel for all parameters (CPU and GPU)

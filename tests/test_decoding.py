@@ -1,7 +1,9 @@
 """Beam search, incremental decoding, checkpoint averaging and BLEU (chapter 7)."""
 
 import itertools
+import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from annotated import (
     tokenized_bleu,
 )
 from annotated.bleu import PaperTokenizer, split_compounds
+from annotated.datasets.download import read_lines
 from annotated.decoding import (
     StepDecoder,
     beam_search,
@@ -390,9 +393,11 @@ def test_sacrebleu_matches_its_command_line(tmp_path):
     assert sacrebleu_cli(tmp_path / "ref", tmp_path / "hyp") == f"{score:.4f}"
     assert "tok:13a" in signature and "version:" in signature
     # tokenized BLEU = sacreBLEU without its own tokenisation and smoothing, on the paper's tokens
-    tok = PaperTokenizer("de")
-    (tmp_path / "hyp.tok").write_text("\n".join(tok(h) for h in HYPS) + "\n", encoding="utf-8")
-    (tmp_path / "ref.tok").write_text("\n".join(tok(r) for r in REFS) + "\n", encoding="utf-8")
+    system, reference = PaperTokenizer("de", replace_punctuation=True), PaperTokenizer("de")
+    (tmp_path / "hyp.tok").write_text("\n".join(system(h) for h in HYPS) + "\n", encoding="utf-8")
+    (tmp_path / "ref.tok").write_text(
+        "\n".join(reference(r) for r in REFS) + "\n", encoding="utf-8"
+    )
     tscore, description = tokenized_bleu(HYPS, REFS)
     options = ["--tokenize", "none", "--smooth-method", "none", "--force"]
     assert sacrebleu_cli(tmp_path / "ref.tok", tmp_path / "hyp.tok", *options) == f"{tscore:.4f}"
@@ -557,3 +562,38 @@ def test_impossible_hypotheses_are_dropped_and_the_search_stops():
     assert len(steps) == 2  # "</s>" and "3 </s>": two steps
     assert sorted(h.tokens for h in beams[0]) == [[], [3]]
     assert all(h.finished and math.isfinite(h.log_prob) for h in beams[0])
+
+
+MOSES_RECORD = Path(__file__).resolve().parent.parent / "results" / "bleu-vs-moses" / "results.json"
+
+
+@pytest.mark.parametrize("case", list(json.loads(MOSES_RECORD.read_text())["cases"]))
+def test_tokenized_bleu_equals_the_perl_scripts_statistic_for_statistic(case):
+    """get_ende_bleu.sh as written (Unicode punctuation replaced in the system output only) and
+    multi-bleu.perl on tokenizer.perl's tokens: our statistics equal the Perl lines recorded by
+    tools/bleu_vs_moses.py with the Moses scripts of the paper's time (sacremoses follows them)."""
+    import bleu_vs_moses  # tools/bleu_vs_moses.py (tests/conftest.py puts tools/ on the path)
+
+    recorded = json.loads(MOSES_RECORD.read_text())["cases"][case]
+    hyp, ref = (bleu_vs_moses.resolve(recorded[k]) for k in ("hypotheses", "references"))
+    ours = bleu_vs_moses.ours(read_lines(hyp), read_lines(ref))
+    perl = recorded["perl"]["moses-d2b558728"]
+    assert ours["paper-style"] == perl["paper-style"]
+    assert ours["multi-bleu.perl"] == perl["multi-bleu.perl"]
+    assert perl["multi-bleu.perl -lc"].startswith(ours["multi-bleu.perl -lc"] + ",")
+    # the pipeline matters: replacing the punctuation on both sides scores another number
+    both = ours["paper-style, punctuation replaced on both sides"]
+    assert both == recorded["ours"]["paper-style, punctuation replaced on both sides"]
+    assert (both != ours["paper-style"]) == case.startswith("newstest2014")
+
+
+@pytest.mark.skipif(not os.environ.get("MOSES_DIR"), reason="MOSES_DIR (a Moses checkout) unset")
+def test_the_perl_scripts_still_print_what_was_recorded():
+    """With MOSES_DIR pointing at the Moses scripts of the paper's time, tools/moses_bleu.sh
+    prints the recorded lines again (needs perl)."""
+    import bleu_vs_moses
+
+    for recorded in json.loads(MOSES_RECORD.read_text())["cases"].values():
+        hyp, ref = (bleu_vs_moses.resolve(recorded[k]) for k in ("hypotheses", "references"))
+        lines = bleu_vs_moses.perl(Path(os.environ["MOSES_DIR"]), hyp, ref)
+        assert lines == recorded["perl"]["moses-d2b558728"]

@@ -11,7 +11,6 @@ __all__ = [
     "wmt14_folder",
     "fetch_archive",
     "extract_members",
-    "read_lines",
     "raw_files",
     "load_test_set",
 ]
@@ -33,7 +32,7 @@ import torch
 
 from ..errors import DataError
 from ..files import atomic_path
-from .download import RemoteFile, cache_dir, fetch, sha256_of
+from .download import RemoteFile, cache_dir, fetch, read_lines, sha256_of
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c005
 _STATMT = "https://www.statmt.org/"
@@ -251,13 +250,6 @@ def extract_members(archive: Path, wanted: dict[str, Path]) -> None:
 
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c014
-def read_lines(path: Path) -> list[str]:
-    """The lines of a UTF-8 text file, split at "\n" only (not at the other characters that
-    `str.splitlines` takes for line breaks, which a sentence may hold)."""
-    lines = path.read_bytes().decode("utf-8").split("\n")  # read_text would turn "\r" into "\n"
-    return lines[:-1] if lines[-1] == "" else lines
-
-
 def _sample_raw(out: Path, **fetch_kwargs) -> dict[str, dict[str, dict[str, Path]]]:
     """The offline sample as plain text: the Moses tokenization of its training pairs undone."""
     import html
