@@ -449,3 +449,35 @@ def test_a_resumed_run_logs_each_step_once(tmp_path):
     tiny_copy(out, *sets("max_steps=8", "checkpoint_every=4"), "--resume")
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))
+
+
+def kept_steps(cfg, seconds_per_step: float, monkeypatch) -> list[int]:
+    """The steps whose checkpoints a run keeps at its end when every step takes
+    `seconds_per_step`: the training loop's rule (config.checkpoint_due, then the last
+    `keep_last`), on a simulated clock."""
+    import annotated.config as config
+
+    clock = [0.0]
+    monkeypatch.setattr(config.time, "time", lambda: clock[0])
+    kept: list[int] = []
+    last = 0.0
+    for step in range(1, cfg.max_steps + 1):
+        clock[0] += seconds_per_step
+        if config.checkpoint_due(cfg, step, last):
+            kept, last = [*kept, step][-cfg.keep_last :], clock[0]
+    return kept
+
+
+def test_the_averaged_window_is_the_papers_where_a_base_step_takes_under_0_43_s(monkeypatch):
+    """Chapter 11's statement: wmt14-base keeps checkpoints 1,400 steps apart (the last gap
+    600), unless 10 minutes pass between two of them; then the window is shorter, and
+    checkpoint_minutes=0 restores it."""
+    cfg = build_config("wmt14-base")
+    assert (cfg.checkpoint_every, cfg.checkpoint_minutes, cfg.keep_last) == (1400, 10, 5)
+    paper = [95_200, 96_600, 98_000, 99_400, 100_000]
+    assert kept_steps(cfg, 0.42, monkeypatch) == paper  # 1,400 steps in 588 s
+    slow = kept_steps(cfg, 0.44, monkeypatch)  # 1,400 steps in 616 s: a time checkpoint first
+    assert slow[-1] == 100_000 and slow[-1] - slow[0] < paper[-1] - paper[0]
+    assert any(step % 1400 for step in slow[:-1])
+    exact = build_config("wmt14-base", ["checkpoint_minutes=0"])
+    assert kept_steps(exact, 0.44, monkeypatch) == paper
