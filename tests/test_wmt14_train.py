@@ -71,6 +71,20 @@ def test_bucket_sampler_respects_both_limits_and_covers_every_pair_once():
     assert np.mean(sizes > 900 - 140) > 0.9, np.mean(sizes)
 
 
+def test_the_longer_side_fills_the_budget_and_the_other_holds_fewer():
+    """Chapter 11's statement: whichever side fills first closes a micro-batch. With targets
+    about a fifth longer than their sources, the targets come close to the budget and the
+    sources hold correspondingly fewer tokens; neither side ever exceeds it."""
+    rng = np.random.default_rng(1)
+    source = rng.integers(5, 40, 5000)
+    lengths = np.stack([source, np.round(source * 1.2).astype(int) + 1], 1)
+    batches = BucketSampler(lengths, budget=1000, max_tokens=4096, max_len=128).batches(0)
+    sums = np.array([lengths[b].sum(0) for b in batches])  # (micro-batches, 2)
+    assert (sums <= 1000).all()
+    assert np.median(sums[:, 1]) > 950  # the target side fills the budget
+    assert np.median(sums[:, 0] / sums[:, 1]) < 0.9  # the source side holds fewer
+
+
 def test_a_pair_over_the_budget_is_batched_alone():
     sampler = BucketSampler([[5, 5], [50, 40], [6, 6]], budget=20, max_tokens=64)
     batches = sorted(b.tolist() for b in sampler.batches(0))
