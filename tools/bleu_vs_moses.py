@@ -10,7 +10,6 @@ tests/test_decoding.py compares our statistics with the Perl lines recorded here
 
 import argparse
 import json
-import os
 import platform
 import re
 import subprocess
@@ -21,11 +20,10 @@ import sacremoses
 from sacrebleu.metrics import BLEU
 
 from annotated.bleu import PaperTokenizer, lowercase_tokenized_bleu
-from annotated.datasets.download import read_lines
+from annotated.datasets.download import data_root, read_lines
 from annotated.provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(os.environ.get("ANNOTATED_DATA") or ROOT.parent / "shared" / "data")
 CASES = {  # name -> (hypotheses, references), relative to the repository and the data folder
     "newstest2014, OPUS-MT (published)": (
         "$DATA/published_outputs/opus-mt-eng-deu-opus+bt-2021-04-13.newstest2014.de",
@@ -40,7 +38,7 @@ PERL_LINE = re.compile(r"^(paper-style|multi-bleu\.perl -lc|multi-bleu\.perl)[^:
 
 
 def resolve(path: str) -> Path:
-    return DATA / path[len("$DATA/") :] if path.startswith("$DATA/") else ROOT / path
+    return data_root() / path[len("$DATA/") :] if path.startswith("$DATA/") else ROOT / path
 
 
 def statistics(hyps: list[str], refs: list[str]) -> str:
@@ -58,10 +56,11 @@ def ours(hyps: list[str], refs: list[str]) -> dict:
     system = PaperTokenizer("de", replace_punctuation=True)
     reference, plain = PaperTokenizer("de"), PaperTokenizer("de", compound_split=False)
     lowered = lowercase_tokenized_bleu(hyps, refs)[0]
+    system_hyps = [system(h) for h in hyps]  # the same tokens for both paper-style variants
     return {
-        "paper-style": statistics([system(h) for h in hyps], [reference(r) for r in refs]),
+        "paper-style": statistics(system_hyps, [reference(r) for r in refs]),
         "paper-style, punctuation replaced on both sides": statistics(
-            [system(h) for h in hyps], [system(r) for r in refs]
+            system_hyps, [system(r) for r in refs]
         ),
         "multi-bleu.perl": statistics([plain(h) for h in hyps], [plain(r) for r in refs]),
         "multi-bleu.perl -lc": f"BLEU = {lowered:.2f}",
