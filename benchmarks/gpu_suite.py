@@ -1,7 +1,7 @@
 """Everything the book claims about GPUs, measured in one command on any CUDA machine:
 
     python benchmarks/gpu_suite.py [--json results/benchmarks/gpu-h100.json]
-                                   [--parts tests,base,big,wmt]
+                                   [--parts tests,base,big,wmt14-base,wmt14-big]
 
 Parts, each run in its own process so that one failure does not hide the others:
 - tests: the CUDA tests (tests/test_cuda.py) and the trainer's tests, which run on the GPU when
@@ -9,9 +9,11 @@ Parts, each run in its own process so that one failure does not hide the others:
 - base, big: the training-step benchmark at 25,000 target tokens per step in bf16, every fast-path
   stage against the reference and torch.nn.Transformer, with and without torch.compile; then beam-4
   decoding (cached and uncached), reported in sentences per second;
-- wmt: the fast path of wmt14-base and wmt14-big on batches whose lengths follow real WMT sentences,
-  at 25,000 tokens per step (one GPU) and at 3,125 tokens (one of eight GPUs sharing 25,000), and
-  the projected hours to 100k and 300k steps. A projection: it multiplies measured step times and
+- wmt14-base, wmt14-big: the fast path of each configuration on batches whose lengths follow real
+  WMT sentences: the configured step (25,000 target tokens in the trainer's micro-batches of at
+  most 8,192 padded tokens, gradients accumulated), with and without torch.compile and profiled;
+  the same tokens as one micro-batch; 3,125 tokens (one of eight GPUs sharing 25,000); and the
+  projected hours to 100k and 300k steps. A projection: it multiplies measured step times and
   leaves out all-reduce time, data loading and checkpoints.
 
 On a machine without CUDA it says so and runs nothing. The benchmark parts need only torch; the
@@ -38,7 +40,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 from annotated.provenance import provenance
 
-PARTS = ("tests", "base", "big", "wmt")
+PARTS = ("tests", "base", "big", "wmt14-base", "wmt14-big")
 TESTS = [
     "tests/test_cuda.py",
     "tests/test_train.py",
@@ -47,6 +49,8 @@ TESTS = [
     "tests/test_training.py",
 ]
 STEPS = (100_000, 300_000)
+FAST, COMPILED = "fast path (+ fused Adam)", "fast path + torch.compile"
+ONLY_FAST = ("--only-fast", "--no-decode", "--no-data")
 
 
 def run(cmd: list[str], timeout: float) -> dict:
@@ -66,8 +70,10 @@ def run(cmd: list[str], timeout: float) -> dict:
     }
 
 
-def benchmark(preset: str, tokens: int, tmp: Path, *extra: str, timeout: float = 900) -> dict:
-    out = tmp / f"{preset}-{tokens}.json"
+def benchmark(
+    preset: str, tokens: int, tmp: Path, *extra: str, name: str = "", timeout: float = 900
+) -> dict:
+    out = tmp / f"{preset}-{tokens}{name}.json"
     part = run(
         [
             sys.executable,
@@ -87,18 +93,22 @@ def benchmark(preset: str, tokens: int, tmp: Path, *extra: str, timeout: float =
     return part
 
 
-def projection(single: dict, shard: dict) -> dict:
-    """Hours to 100k and 300k steps from measured seconds per step (fast path, no compile)."""
+def projection(configured: dict, shard: dict) -> dict:
+    """Hours to 100k and 300k steps from measured seconds per step: the configured step on one
+    GPU (as configured, without compile, and with it), and one of eight GPUs' share."""
 
-    def seconds(part):
+    def seconds(part, path=FAST):
         (training,) = part["report"]["training"].values()  # one precision on CUDA
-        return training["results"]["fast path (+ fused Adam)"]["median_s_per_step"]
+        return training["results"][path]["median_s_per_step"]
 
-    one, eight = seconds(single), seconds(shard)
+    one, eight = seconds(configured), seconds(shard)
+    compiled = seconds(configured, COMPILED)
     return {
-        "s_per_step_1_gpu_25k_tokens": one,
+        "s_per_step_1_gpu_configured": one,
+        "s_per_step_1_gpu_configured_compiled": compiled,
         "s_per_step_1_of_8_gpus_3125_tokens": eight,
         **{f"hours_{n // 1000}k_steps_1_gpu": n * one / 3600 for n in STEPS},
+        **{f"hours_{n // 1000}k_steps_1_gpu_compiled": n * compiled / 3600 for n in STEPS},
         **{f"hours_{n // 1000}k_steps_8_gpus_no_allreduce": n * eight / 3600 for n in STEPS},
         "note": "projection: measured step times x steps; "
         "all-reduce, data loading and checkpoints left out",
@@ -158,23 +168,24 @@ def main(argv=None) -> int:
                 report["parts"][preset] = benchmark(
                     preset, 25000, tmp, "--compile", "--rounds", "3"
                 )
-        if "wmt" in parts:
-            for preset in ("wmt14-base", "wmt14-big"):
-                single = benchmark(
-                    preset, 25000, tmp, "--only-fast", "--no-decode", "--batches", "8"
-                )
-                shard = benchmark(
-                    preset, 3125, tmp, "--only-fast", "--no-decode", "--batches", "16"
-                )
-                report["parts"][preset] = {"25000": single, "3125": shard}
-                if "report" in single and "report" in shard:
-                    report["parts"][preset]["projection"] = projection(single, shard)
+        for preset in ("wmt14-base", "wmt14-big"):
+            if preset not in parts:
+                continue
+            configured = benchmark(
+                preset, 25000, tmp, "--max-tokens", "8192", "--compile", "--profile",
+                *ONLY_FAST, "--batches", "6", name="-configured",
+            )  # fmt: skip
+            single = benchmark(preset, 25000, tmp, *ONLY_FAST, "--batches", "6")
+            shard = benchmark(preset, 3125, tmp, *ONLY_FAST, "--batches", "16")
+            report["parts"][preset] = {"configured": configured, "25000": single, "3125": shard}
+            if "report" in configured and "report" in shard:
+                report["parts"][preset]["projection"] = projection(configured, shard)
     failed = [
         k
-        for k, v in report["parts"].items()  # the wmt parts hold one run per batch size
+        for k, v in report["parts"].items()  # a wmt part holds one run per step shape
         if any(
             r.get("returncode") != 0
-            for r in ([v] if "returncode" in v else [v["25000"], v["3125"]])
+            for r in ([v] if "returncode" in v else [v[n] for n in ("configured", "25000", "3125")])
         )
     ]
     report["failed_parts"] = failed

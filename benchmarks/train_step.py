@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from annotated import make_model, subsequent_mask
-from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler, make_batch
+from annotated.batching import BOS, EOS, PAD, Batch, make_batch
 from annotated.decoding import beam_search, beam_search_core
 from annotated.embeddings import Embeddings, PositionalEncoding
 from annotated.fast import fused_attention, make_fast
@@ -153,20 +153,24 @@ def random_batches(n, vocab, tokens, seed=0):
         tgt = torch.randint(3, vocab, (rows, length + 1), generator=g)
         for i, m in enumerate(lens.tolist()):
             tgt[i, m + 1 :] = PAD
-        out.append(Batch(src, tgt, PAD))
+        out.append([Batch(src, tgt, PAD)])  # a step of one micro-batch
     return out
 
 
-def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None):
-    """n batches whose (source, target) lengths are those of real WMT en-de sentences: the
+def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None, max_tokens=None):
+    """n steps whose (source, target) lengths are those of real WMT en-de sentences: the
     10,000-pair sample is un-escaped, split by a 16,000-piece BPE learned on it (27.6 source and
-    29.6 target pieces a sentence; a 37k vocabulary gives somewhat fewer), grouped by
-    TokenBatchSampler at `tokens` padded tokens per side, and n of its batches are drawn at random.
+    29.6 target pieces a sentence; a 37k vocabulary gives somewhat fewer), and grouped as the WMT14
+    task groups them (BucketSampler). A step holds `tokens` real target tokens: one micro-batch
+    without `max_tokens`, else the trainer's number of micro-batches of at most `max_tokens`
+    padded tokens a side (micro_batches_per_process), each a budget of tokens / that number.
     Token ids are random: only shapes matter."""
     import html
     import os
     import tempfile
 
+    from annotated.batching import BucketSampler
+    from annotated.config import FILL
     from annotated.tokenizer import train_tokenizer
 
     folder = Path(folder or Path(os.environ.get("ANNOTATED_DATA", ".")) / WMT_SAMPLE)
@@ -179,20 +183,30 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None):
         tok = train_tokenizer(pairs, Path(tmp) / "wmt", 16000)
         # a source ends with </s>; a target is framed by <s> ... </s>
         lengths = [(len(tok.encode(a)) + 1, len(tok.encode(b)) + 2) for a, b in pairs]
-    chosen = random.Random(seed).sample(TokenBatchSampler(lengths, tokens, seed=seed).batches(), n)
+    per_step = math.ceil(tokens / (FILL * max_tokens)) if max_tokens else 1
+    sampler = BucketSampler(lengths, math.ceil(tokens / per_step), max_tokens or tokens, seed=seed)
+    micro = random.Random(seed).sample(sampler.batches(0), n * per_step)
     g = torch.Generator().manual_seed(seed)
     out = []
-    for ids in chosen:
+    for ids in micro:
         sources, targets = [], []
         for i in ids:  # random ids of the real lengths, padded by make_batch
             sources.append(torch.randint(3, vocab, (lengths[i][0],), generator=g).tolist())
             targets.append(torch.randint(3, vocab, (lengths[i][1],), generator=g).tolist())
         out.append(make_batch(sources, targets))
-    return out
+    return [out[i : i + per_step] for i in range(0, len(out), per_step)]
 
 
 def time_training(
-    cfg, device, rounds, n_batches, *, precision="fp32", compile_fast=False, only_fast=False
+    cfg,
+    device,
+    rounds,
+    n_batches,
+    *,
+    precision="fp32",
+    compile_fast=False,
+    only_fast=False,
+    profile=False,
 ):
     vocab, N, d, d_ff, h, pre = (
         cfg["vocab"],
@@ -236,11 +250,13 @@ def time_training(
     def book_step(model, crit, forward=None, fused_adam=False):
         opt = make_optimizer(model, d_model=d, fused=True if fused_adam or cuda else None)[0]
 
-        def run(b):
-            loss = loss_on_batch(
-                model if forward is None else forward, b, crit, autocast=autocast()
-            )
-            (loss / b.ntokens).backward()
+        def run(step):  # the trainer's accumulation: each loss over the step's target tokens
+            ntokens = sum(b.ntokens for b in step)
+            for b in step:
+                loss = loss_on_batch(
+                    model if forward is None else forward, b, crit, autocast=autocast()
+                )
+                (loss / ntokens).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
@@ -255,26 +271,31 @@ def time_training(
     tor = TorchTransformer(vocab, N, d, d_ff, h, 0.1, norm_first=pre).to(device)
     tor_opt = make_optimizer(tor, d_model=d, fused=True)[0]
 
-    def torch_step(b):
-        with autocast():
-            logits = tor(b)
-        F.cross_entropy(
-            logits.float().reshape(-1, vocab),
-            b.tgt_y.reshape(-1),
-            ignore_index=PAD,
-            label_smoothing=0.1,
-            reduction="sum",
-        ).div(b.ntokens).backward()
+    def torch_step(step):
+        ntokens = sum(b.ntokens for b in step)
+        for b in step:
+            with autocast():
+                logits = tor(b)
+            F.cross_entropy(
+                logits.float().reshape(-1, vocab),
+                b.tgt_y.reshape(-1),
+                ignore_index=PAD,
+                label_smoothing=0.1,
+                reduction="sum",
+            ).div(ntokens).backward()
         tor_opt.step()
         tor_opt.zero_grad(set_to_none=True)
 
     if not only_fast:
         runs["torch.nn.Transformer"] = torch_step
 
-    make = wmt_sample_batches if cfg.get("lengths") == "wmt" else random_batches
-    batches = [b.to(device) for b in make(n_batches, vocab, cfg["tokens"])]
-    target_tokens = sum(b.ntokens for b in batches)
-    flops = sum(model_flops(b, **cfg) for b in batches)
+    if cfg.get("lengths") == "wmt":
+        steps = wmt_sample_batches(n_batches, vocab, cfg["tokens"], max_tokens=cfg["max_tokens"])
+    else:
+        steps = random_batches(n_batches, vocab, cfg["tokens"])
+    batches = [[b.to(device) for b in step] for step in steps]  # steps of micro-batches
+    target_tokens = sum(b.ntokens for step in batches for b in step)
+    flops = sum(model_flops(b, **cfg) for step in batches for b in step)
     warmup, peak = {}, {}
     for name, run in runs.items():  # warm-up (and compilation), on every batch shape
         if cuda:
@@ -309,16 +330,58 @@ def time_training(
         }
         for k in runs
     }
-    return {
+    report = {
         "target_tokens_per_step": target_tokens / len(batches),
         "model_flops_per_step": flops / len(batches),
         "matmul_tflops_per_s_measured": rate / 1e12,
         "rounds": rounds,
         "results": results,
-        "source_tokens_per_step": sum(int((b.src != PAD).sum()) for b in batches) / len(batches),
+        "micro_batches_per_step": len(batches[0]),
+        "source_tokens_per_step": sum(int((b.src != PAD).sum()) for s in batches for b in s)
+        / len(batches),
         "fast_vs_torch": med["torch.nn.Transformer"] / med[FAST]
         if "torch.nn.Transformer" in med
         else None,
+    }
+    if profile:
+        report["profile"] = profile_step(runs[FAST], batches, device)
+    return report
+
+
+def profile_step(run, batches, device, top=15) -> dict:
+    """Where the fast path's step spends its time: one round under torch.profiler. On CUDA, the
+    kernels' summed time against the wall time shows how long the GPU waits for the host (launch
+    gaps, Python, the optimiser's host side); the top kernels show which work dominates."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    with profile(activities=activities) as prof:
+        sync()
+        start = time.perf_counter()
+        for b in batches:
+            run(b)
+        sync()
+        wall = time.perf_counter() - start
+
+    def own(e):  # microseconds of the event itself on the device (CPU time without a device)
+        if not cuda:
+            return e.self_cpu_time_total
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+
+    events = [e for e in prof.key_averages() if own(e) > 0]
+    busy = sum(own(e) for e in events) / 1e6
+    events.sort(key=own, reverse=True)
+    return {
+        "steps": len(batches),
+        "wall_s_per_step": wall / len(batches),
+        "device_busy_s_per_step": busy / len(batches),
+        "device_busy_fraction": busy / wall,
+        "top": [
+            {"name": e.key[:120], "ms_per_step": own(e) / 1e3 / len(batches), "calls": e.count}
+            for e in events[:top]
+        ],
     }
 
 
@@ -328,7 +391,7 @@ def time_data(cfg, device, steps, precision="fp32"):
     step (the trainer's way on a CPU), or ahead of it by a background thread (its way on a GPU),
     with the step time of each: on a CPU the thread competes with the step for the cores."""
     lists = []
-    for b in random_batches(steps, cfg["vocab"], cfg["tokens"], seed=1):
+    for (b,) in random_batches(steps, cfg["vocab"], cfg["tokens"], seed=1):
         tgt = torch.cat([b.tgt, b.tgt_y[:, -1:]], dim=1)
         lists.append(([r.tolist() for r in b.src], [r[r != PAD].tolist() for r in tgt]))
 
@@ -531,7 +594,13 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--quick", action="store_true", help="same as --preset quick --rounds 2 (seconds)"
     )
-    ap.add_argument("--tokens", type=int, help="target tokens per batch (default: the preset's)")
+    ap.add_argument("--tokens", type=int, help="target tokens per step (default: the preset's)")
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        help="wmt presets: split each step into the trainer's micro-batches of at most this "
+        "many padded tokens a side (the WMT14 configurations' 8192); default: one micro-batch",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=4, help="batches per round")
     ap.add_argument(
@@ -541,6 +610,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-data", action="store_true", help="skip the data-path timing")
     ap.add_argument(
         "--only-fast", action="store_true", help="time the fast path alone (and --compile)"
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="profile one round of the fast path's steps"
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", type=Path, help="write the figures here, with provenance")
@@ -554,6 +626,7 @@ def main(argv=None) -> int:
     cfg = dict(PRESETS[args.preset])
     if args.tokens:
         cfg["tokens"] = args.tokens
+    cfg["max_tokens"] = args.max_tokens
     device = torch.device(args.device)
     command = "python benchmarks/train_step.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
@@ -573,6 +646,7 @@ def main(argv=None) -> int:
             precision=precision,
             compile_fast=args.compile,
             only_fast=args.only_fast,
+            profile=args.profile,
         )
         print_training(precision, training)
     report["best"] = best = best_precisions(report["training"])

@@ -1,0 +1,255 @@
+"""The sweeps that chose chapter 9's Multi30k profiles. Each trial trains a profile with some
+settings changed, then translates test2016 with beam 4 from the average of its kept checkpoints.
+
+    python tools/sweep_multi30k.py --trials bf16,bf16-lr1          # CPU profile, two trials
+    python tools/sweep_multi30k.py --config multi30k --steps 1200 --parallel 6 --trials A,B,...
+    python tools/sweep_multi30k.py --list [--config multi30k]      # what each trial changes
+
+`--config multi30k-cpu` (the default): the step budget of a trial is fixed before it trains: 20
+steps are timed (after one untimed step; the first trials timed 5) and max_steps is the budget
+divided by their median, rounded down to a multiple of 20. The timed batches are a sample, so a
+trial can still overrun its budget: its record says so (`over_budget`), and `--steps N` repeats
+it with N steps. The schedule does not depend on max_steps and training is seeded, so the repeat
+is the same run, stopped earlier.
+
+`--config multi30k` (the GPU profile): every trial trains `--steps` steps, and `--parallel N`
+trains N trials at once on the one GPU, so their training times are not those of a trial alone
+(each record says how many shared the device).
+
+Each trial appends one line, with its command, commit, device and date, to the profile's
+results/<folder>/trials.jsonl (multi30k-cpu-sweep or multi30k-gpu-sweep); the runs go to
+runs/sweep/NAME (not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from annotated.bleu import sacrebleu_score, score_translations  # noqa: E402
+from annotated.checkpoints import checkpoint_paths  # noqa: E402
+from annotated.config import apply_overrides  # noqa: E402
+from annotated.errors import ExpectedError  # noqa: E402
+from annotated.provenance import provenance  # noqa: E402
+from annotated.registry import TASKS, build_config  # noqa: E402
+from annotated.throughput import measure_throughput  # noqa: E402
+from annotated.translation import load_model, translate  # noqa: E402
+
+# name -> the --set overrides applied to multi30k-cpu. Round 1 (float32 step times) ran
+# `current` and `d256`; round 2 runs every trial in bfloat16, which the fast path made pay on
+# this CPU, and keeps 20 checkpoints so that averaging windows can be compared too.
+D256 = ["model.d_model=256", "model.d_ff=1024", "precision=bf16", "warmup=200"]
+BF16 = ["precision=bf16", "keep_last=20"]
+TRIALS = {
+    "current": [],
+    "d256": D256,
+    "d256-lr2": [*D256, "lr_factor=1.4"],
+    "d256-4k": [*D256, "max_tokens=4000"],
+    "d128-4k": ["max_tokens=4000", "warmup=200", "lr_factor=1.0"],
+    "d128-lr": ["lr_factor=1.4", "warmup=200"],
+    "d384": ["model.d_model=384", "model.d_ff=1536", "model.h=6", "precision=bf16", "warmup=300"],
+    "d256-drop2": [*D256, "model.dropout=0.2"],
+    # round 2: bfloat16
+    "bf16": BF16,
+    "bf16-lr1": [*BF16, "lr_factor=1.0", "warmup=200"],
+    "bf16-3k": [*BF16, "max_tokens=3000"],
+    "bf16-v4k": [*BF16, "vocab=4000"],
+    "bf16-d192": [*BF16, "model.d_model=192", "model.d_ff=768", "warmup=150"],
+    "bf16-d256": [*BF16, "model.d_model=256", "model.d_ff=1024", "warmup=200"],
+    "bf16-N4": [*BF16, "model.N=4"],
+    "bf16-N2": [*BF16, "model.N=2"],
+    "bf16-drop0": [*BF16, "model.dropout=0.0"],
+    "bf16-drop2": [*BF16, "model.dropout=0.2"],
+    "bf16-ls0": [*BF16, "label_smoothing=0.0"],
+    # round 3: the best of round 2 together
+    "bf16-N2-lr1": [*BF16, "model.N=2", "lr_factor=1.0", "warmup=200"],
+    "bf16-N2-3k": [*BF16, "model.N=2", "max_tokens=3000"],
+    "bf16-N2-drop0": [*BF16, "model.N=2", "model.dropout=0.0"],
+}
+# name -> the --set overrides applied to `multi30k`, the GPU profile (chapter 9b), in the paper's
+# post-norm form. Its recipe with post-norm (peak learning rate 1.4e-3 after 1,000 warm-up steps)
+# collapsed; the trials lower the peak, lengthen the warm-up, clip gradients, lower dropout.
+POST = ["model.norm_first=false", "checkpoint_every=100"]  # short trials: average late checkpoints
+GPU_TRIALS = {
+    "post-lr0.5": [*POST, "lr_factor=0.5"],
+    "post-lr0.35": [*POST, "lr_factor=0.35"],
+    "post-lr0.5-clip1": [*POST, "lr_factor=0.5", "max_grad_norm=1.0"],
+    "post-lr1-clip1": [*POST, "max_grad_norm=1.0"],
+    "post-w4k": [*POST, "warmup=4000"],
+    "post-lr0.5-drop0.1": [*POST, "lr_factor=0.5", "model.dropout=0.1"],
+    "post-lr0.7-w2k": [*POST, "lr_factor=0.7", "warmup=2000"],
+    "pre": ["model.norm_first=true", "checkpoint_every=100"],
+}
+SWEEPS = {  # profile -> (its trials, the folder of its records)
+    "multi30k-cpu": (TRIALS, "multi30k-cpu-sweep"),
+    "multi30k": (GPU_TRIALS, "multi30k-gpu-sweep"),
+}
+AVERAGES = (1, 5, 10, 20)  # how many of the last checkpoints are averaged, where a run kept them
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def step_budget(overrides: list[str], seconds: float) -> tuple[int, float]:
+    cfg = apply_overrides(build_config("multi30k-cpu"), overrides)
+    timing = measure_throughput(cfg, steps=20, device="cpu")
+    per_step = timing["seconds_per_step"]
+    return max(20, int(seconds / per_step) // 20 * 20), per_step
+
+
+def bleu_on_test2016(run: Path, last: int = 5) -> dict:
+    """BLEU on test2016, beam 4, alpha 0.6, of the average of the run's last `last` checkpoints
+    (5, as the profiles keep): sacreBLEU, and on the GPU profile every score of `evaluate`."""
+    model, tokenizer, cfg = load_model(checkpoint_paths(run)[-last:], device=DEVICE)
+    pairs = TASKS[cfg.task].test_sets["test2016"](cfg)
+    start = time.time()
+    hyps = translate(model, tokenizer, [s for s, _ in pairs], beam_size=4, alpha=0.6)
+    seconds = time.time() - start
+    refs = [r for _, r in pairs]
+    scores = {"sacrebleu": sacrebleu_score(hyps, refs)[0]}
+    if cfg.task == "multi30k" and DEVICE == "cuda":
+        scores = score_translations(hyps, refs)
+    return {**scores, "decode_seconds": seconds, "sentences": len(pairs)}
+
+
+def train_command(config: str, name: str, steps: int, runs: Path, repeat: bool) -> list[str]:
+    overrides = SWEEPS[config][0][name]
+    out = runs / (f"{name}-{steps}steps" if repeat else name)  # a repeat: its own run
+    sets = [a for item in [*overrides, f"max_steps={steps}"] for a in ("--set", item)]
+    return ["-m", "annotated.cli.train", "--config", config, *sets, "--out", str(out)]
+
+
+def run_trial(name: str, seconds: float, runs: Path, steps: int = 0) -> dict:
+    repeat, per_step = steps > 0, None
+    if not repeat:
+        steps, per_step = step_budget(TRIALS[name], seconds)
+    cmd = train_command("multi30k-cpu", name, steps, runs, repeat)
+    start = time.time()
+    subprocess.run([sys.executable, *cmd, "--no-progress"], check=True, cwd=ROOT)
+    wall = time.time() - start
+    return record_trial("multi30k-cpu", name, cmd, steps, wall, seconds, per_step)
+
+
+def run_parallel(config: str, names: list[str], steps: int, runs: Path, parallel: int) -> list:
+    """Train the trials `parallel` at a time for `steps` steps each, then score them one by
+    one: the records of the GPU sweep."""
+    TASKS["multi30k"].tokenizer_for(build_config(config))  # trained once, before the trials
+    records = []
+    for i in range(0, len(names), parallel):
+        group = names[i : i + parallel]
+        cmds = {n: train_command(config, n, steps, runs, False) for n in group}
+        start = time.time()
+        procs = {
+            n: subprocess.Popen([sys.executable, *c, "--no-progress"], cwd=ROOT)
+            for n, c in cmds.items()
+        }
+        codes = {n: p.wait() for n, p in procs.items()}
+        wall = time.time() - start
+        for n in group:
+            if codes[n]:  # the trainer said why; the other trials are still scored
+                command = "python " + " ".join(cmds[n]).replace(str(ROOT) + os.sep, "")
+                failed = {"trial": n, "overrides": SWEEPS[config][0][n], "returncode": codes[n]}
+                records.append({**provenance(command, torch.device(DEVICE)), **failed})
+                continue
+            record = record_trial(config, n, cmds[n], steps, wall, None, None)
+            records.append({**record, "trained_at_once": len(group)})
+    return records
+
+
+def record_trial(config, name, cmd, steps, wall, seconds, per_step) -> dict:
+    overrides = SWEEPS[config][0][name]
+    out = ROOT / cmd[cmd.index("--out") + 1]
+    run_json = json.loads((out / "run.json").read_text())
+    kept = len(checkpoint_paths(out))
+    # the profile's average of 5; where the run kept more, the other windows of the same run
+    windows = [k for k in AVERAGES if k <= kept] if kept > 5 else [5]
+    scores = {k: bleu_on_test2016(out, k) for k in windows}
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    record = {
+        "trial": name,
+        "overrides": overrides,
+        "max_steps": steps,
+        "measured_s_per_step": per_step,
+        "training_seconds": metrics[-1]["elapsed_s"],
+        "over_budget": bool(seconds) and metrics[-1]["elapsed_s"] > seconds * 1.05,
+        "process_seconds": wall,
+        "precision": run_json.get("precision"),
+        "final_loss": metrics[-1]["loss"],
+        "loss_every_250_steps": {m["step"]: m["loss"] for m in metrics if m["step"] % 250 == 0},
+        "checkpoints_averaged": min(5, kept),
+        "test2016": scores[5],
+    }
+    if kept > 5:
+        record["test2016_by_average"] = {k: s["sacrebleu"] for k, s in scores.items()}
+    command = "python " + " ".join(cmd).replace(str(ROOT) + os.sep, "")
+    return {**provenance(command, torch.device(DEVICE)), **record}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--config", choices=sorted(SWEEPS), default="multi30k-cpu")
+    ap.add_argument("--trials", default="", help="comma-separated trial names")
+    ap.add_argument("--seconds", type=float, default=285.0, help="training budget of a trial")
+    ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "sweep")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="train this many steps instead of measuring the budget (to repeat a trial whose "
+        "measured step time was too optimistic and overran --seconds); required by multi30k",
+    )
+    ap.add_argument("--parallel", type=int, default=1, help="multi30k: trials trained at once")
+    args = ap.parse_args()
+    trials, folder = SWEEPS[args.config]
+    if args.list or not args.trials:
+        for name, overrides in trials.items():
+            print(f"{name:20} {' '.join(overrides) or '(chapter 9 as it is)'}")
+        return 0
+    names = args.trials.split(",")
+    unknown = [n for n in names if n not in trials]
+    if unknown or (args.config == "multi30k" and args.steps <= 0):
+        why = f"unknown trial {unknown[0]!r}; --list shows them" if unknown else "give --steps N"
+        print(f"sweep_multi30k: {why}", file=sys.stderr)
+        return 2
+    out = ROOT / "results" / folder / "trials.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.config == "multi30k":
+            records = run_parallel(args.config, names, args.steps, args.runs, args.parallel)
+        else:
+            records = [run_trial(n, args.seconds, args.runs, args.steps) for n in names]
+    except ExpectedError as e:  # no data, a bad override: the message says what to do
+        print(f"sweep_multi30k: {e}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as e:  # the trainer printed its own message
+        print(f"sweep_multi30k: a training command exited with {e.returncode}", file=sys.stderr)
+        return 2
+    for record in records:
+        with open(out, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if "returncode" in record:
+            print(f"{record['trial']}: training exited with {record['returncode']}", flush=True)
+            continue
+        t = record["test2016"]
+        lc = t.get("tokenized_lowercased_bleu")
+        print(
+            f"{record['trial']}: {record['max_steps']} steps in {record['training_seconds']:.0f} s,"
+            f" test2016 sacreBLEU {t['sacrebleu']:.2f}"
+            + (f", tokenized lowercased {lc:.2f}" if lc is not None else "")
+            + f" {record.get('test2016_by_average', '')}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
