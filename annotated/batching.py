@@ -35,9 +35,16 @@ class Batch:
         return (tgt != pad).unsqueeze(-2) & subsequent_mask(tgt.size(-1)).to(tgt.device)
 
     def to(self, device) -> "Batch":
+        return self._map(lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self) -> "Batch":
+        """In page-locked memory, from which the copy to a GPU runs beside the computation."""
+        return self._map(torch.Tensor.pin_memory)
+
+    def _map(self, fn) -> "Batch":
         for name in ["src", "src_mask", "tgt", "tgt_y", "tgt_mask"]:
             if hasattr(self, name):
-                setattr(self, name, getattr(self, name).to(device, non_blocking=True))
+                setattr(self, name, fn(getattr(self, name)))
         return self
 
 
