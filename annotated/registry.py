@@ -12,6 +12,7 @@ from annotated.tasks.multi30k import (
     Multi30kTask,
     multi30k_config,
     multi30k_cpu_config,
+    multi30k_postnorm_config,
     multi30k_small_config,
 )
 
@@ -27,6 +28,7 @@ CONFIGS = {
     "multi30k": multi30k_config,
     "multi30k-small": multi30k_small_config,
     "multi30k-cpu": multi30k_cpu_config,
+    "multi30k-postnorm": multi30k_postnorm_config,
 }
 
 

@@ -1,7 +1,7 @@
 """Everything the book claims about GPUs, measured in one command on any CUDA machine:
 
     python benchmarks/gpu_suite.py [--json results/benchmarks/gpu-h100.json]
-                                   [--parts tests,base,big,wmt14-base,wmt14-big]
+                                   [--parts tests,base,big,wmt14-base,wmt14-big] [--timeout S]
 
 Parts, each run in its own process so that one failure does not hide the others:
 - tests: the CUDA tests (tests/test_cuda.py) and the trainer's tests, which run on the GPU when
@@ -38,6 +38,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+from annotated.files import write_text_atomic
 from annotated.provenance import provenance
 
 PARTS = ("tests", "base", "big", "wmt14-base", "wmt14-big")
@@ -73,7 +74,7 @@ def run(cmd: list[str], timeout: float) -> dict:
 def benchmark(
     preset: str, tokens: int, tmp: Path, *extra: str, name: str = "", timeout: float = 900
 ) -> dict:
-    out = tmp / f"{preset}-{tokens}{name}.json"
+    out = tmp / f"{preset}-{tokens}-{name or 'run'}.json"
     part = run(
         [
             sys.executable,
@@ -93,7 +94,7 @@ def benchmark(
     return part
 
 
-def projection(configured: dict, shard: dict) -> dict:
+def projection(configured: dict, compiled_run: dict, shard: dict) -> dict:
     """Hours to 100k and 300k steps from measured seconds per step: the configured step on one
     GPU (as configured, without compile, and with it), and one of eight GPUs' share."""
 
@@ -102,7 +103,7 @@ def projection(configured: dict, shard: dict) -> dict:
         return training["results"][path]["median_s_per_step"]
 
     one, eight = seconds(configured), seconds(shard)
-    compiled = seconds(configured, COMPILED)
+    compiled = seconds(compiled_run, COMPILED)
     return {
         "s_per_step_1_gpu_configured": one,
         "s_per_step_1_gpu_configured_compiled": compiled,
@@ -122,6 +123,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write the suite's report here")
     ap.add_argument(
         "--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}"
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=900,
+        help="seconds allowed to each benchmark run (lower it on a machine lent for minutes)",
     )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -166,34 +173,46 @@ def main(argv=None) -> int:
         for preset in ("base", "big"):
             if preset in parts:
                 report["parts"][preset] = benchmark(
-                    preset, 25000, tmp, "--compile", "--rounds", "3"
+                    preset, 25000, tmp, "--compile", "--rounds", "3", timeout=args.timeout
                 )
+                save(report, args.json)
         for preset in ("wmt14-base", "wmt14-big"):
             if preset not in parts:
                 continue
-            configured = benchmark(
-                preset, 25000, tmp, "--max-tokens", "8192", "--compile", "--profile",
-                *ONLY_FAST, "--batches", "6", name="-configured",
-            )  # fmt: skip
-            single = benchmark(preset, 25000, tmp, *ONLY_FAST, "--batches", "6")
-            shard = benchmark(preset, 3125, tmp, *ONLY_FAST, "--batches", "16")
-            report["parts"][preset] = {"configured": configured, "25000": single, "3125": shard}
-            if "report" in configured and "report" in shard:
-                report["parts"][preset]["projection"] = projection(configured, shard)
+            runs = report["parts"][preset] = {}
+            configured = ("--max-tokens", "8192", *ONLY_FAST, "--batches", "6")
+            for name, extra, tokens in [  # the eager step first: compiling can outlast a limit
+                ("configured", ("--profile", *configured), 25000),
+                ("configured-compiled", ("--compile", *configured), 25000),
+                ("25000", (*ONLY_FAST, "--batches", "6"), 25000),
+                ("3125", (*ONLY_FAST, "--batches", "16"), 3125),
+            ]:
+                runs[name] = benchmark(preset, tokens, tmp, *extra, name=name, timeout=args.timeout)
+                save(report, args.json)
+            if all("report" in runs[n] for n in ("configured", "configured-compiled", "3125")):
+                runs["projection"] = projection(
+                    runs["configured"], runs["configured-compiled"], runs["3125"]
+                )
     failed = [
         k
         for k, v in report["parts"].items()  # a wmt part holds one run per step shape
         if any(
             r.get("returncode") != 0
-            for r in ([v] if "returncode" in v else [v[n] for n in ("configured", "25000", "3125")])
+            for r in ([v] if "returncode" in v else [r for n, r in v.items() if n != "projection"])
         )
     ]
     report["failed_parts"] = failed
+    save(report, args.json)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
         print("wrote", args.json)
     return 1 if failed else 0
+
+
+def save(report: dict, path: Path | None) -> None:
+    """Write the report so far: a part that outlasts a machine's time limit keeps the others."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

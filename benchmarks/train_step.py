@@ -352,6 +352,7 @@ def profile_step(run, batches, device, top=15) -> dict:
     """Where the fast path's step spends its time: one round under torch.profiler. On CUDA, the
     kernels' summed time against the wall time shows how long the GPU waits for the host (launch
     gaps, Python, the optimiser's host side); the top kernels show which work dominates."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -370,7 +371,9 @@ def profile_step(run, batches, device, top=15) -> dict:
             return e.self_cpu_time_total
         return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
 
-    events = [e for e in prof.key_averages() if own(e) > 0]
+    # on CUDA the kernels alone: an operator's device time is that of the kernels it launched
+    kernels = [e for e in prof.key_averages() if not cuda or e.device_type != DeviceType.CPU]
+    events = [e for e in kernels if own(e) > 0]
     busy = sum(own(e) for e in events) / 1e6
     events.sort(key=own, reverse=True)
     return {

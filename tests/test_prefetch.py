@@ -112,3 +112,27 @@ def test_the_trainer_logs_the_fraction_of_time_spent_waiting_for_data(tmp_path):
     assert all(0.0 <= r["data_wait"] < 1.0 for r in lines)
     assert 0.0 <= summary["data_wait_s"] < summary["seconds"]
     assert "batches" not in [t.name for t in threading.enumerate()]  # the thread has ended
+
+
+def test_the_pinning_thread_pins_every_tensor_of_every_batch(monkeypatch):
+    """On a GPU the thread pins each batch (Batch.pin_memory) before the copy; a CPU build of
+    torch cannot pin, so pinning is replaced by a marked copy, and the thread's own code path
+    (pin=True, as on CUDA) runs unchanged."""
+    pinned = []
+
+    def fake_pin(t):
+        out = t.clone()
+        pinned.append(out)
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    prefetch = Prefetcher(make, 0, 2, "cpu", background=False)
+    prefetch._work(make, 0, 2, True)  # the thread's body, as it runs on CUDA
+    for step in range(2):
+        got, want = prefetch._queue.get_nowait(), make(step)
+        assert got[0] == step
+        for a, b in zip(got[1], want):
+            for name in ("src", "src_mask", "tgt", "tgt_y", "tgt_mask"):
+                assert any(getattr(a, name) is t for t in pinned), name
+                assert torch.equal(getattr(a, name), getattr(b, name))
+            assert a.ntokens == b.ntokens
