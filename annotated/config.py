@@ -114,6 +114,16 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
         ),
         (0 <= cfg.label_smoothing < 1, "label_smoothing", "must lie in [0, 1)"),
         (
+            math.isfinite(cfg.max_grad_norm) and cfg.max_grad_norm >= 0,
+            "max_grad_norm",
+            "must be 0 (no clipping) or a positive norm; a negative one would climb the loss",
+        ),
+        (
+            0 <= cfg.adam_beta1 < 1 and 0 <= cfg.adam_beta2 < 1 and cfg.adam_eps > 0,
+            "adam_beta1, adam_beta2, adam_eps",
+            "the betas must lie in [0, 1) and adam_eps must be positive",
+        ),
+        (
             math.isfinite(cfg.lr_factor) and cfg.lr_factor > 0,
             "lr_factor",
             "must be a positive number",

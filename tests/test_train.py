@@ -240,6 +240,10 @@ def test_max_steps_zero_or_negative_is_refused(tmp_path, value):
         ("log_every=0", "log_every"),
         ("model.dropout=2", "model.dropout"),
         ("lr_factor=nan", "lr_factor"),
+        ("max_grad_norm=-1", "max_grad_norm"),
+        ("max_grad_norm=inf", "max_grad_norm"),
+        ("adam_beta2=1", "adam_beta2"),
+        ("adam_eps=0", "adam_eps"),
     ],
 )
 def test_unusable_values_are_refused_before_training(setting, key):
