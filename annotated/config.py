@@ -96,10 +96,9 @@ def _keys(cfg, prefix="") -> list[str]:
     return out
 
 
-def validate_config(cfg: TrainConfig) -> TrainConfig:
-    """Refuse values that cannot train, with the key to change; returns cfg."""
-    m = cfg.model
-    rules = [
+def _model_rules(m) -> list[tuple[bool, str, str]]:
+    """(holds, key, why) for the model's sizes and dropout rates."""
+    return [
         (m.d_model % m.h == 0, "model.d_model", f"{m.d_model} is not divisible by model.h={m.h}"),
         (
             min(m.N, m.d_model, m.d_ff, m.h) >= 1,
@@ -112,6 +111,12 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
             "model.dropout",
             "dropout rates must lie in [0, 1)",
         ),
+    ]
+
+
+def _optimiser_rules(cfg: TrainConfig) -> list[tuple[bool, str, str]]:
+    """(holds, key, why) for the loss and the optimiser."""
+    return [
         (0 <= cfg.label_smoothing < 1, "label_smoothing", "must lie in [0, 1)"),
         (
             math.isfinite(cfg.max_grad_norm) and cfg.max_grad_norm >= 0,
@@ -128,6 +133,14 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
             "lr_factor",
             "must be a positive number",
         ),
+    ]
+
+
+def validate_config(cfg: TrainConfig) -> TrainConfig:
+    """Refuse values that cannot train, with the key to change; returns cfg."""
+    rules = [
+        *_model_rules(cfg.model),
+        *_optimiser_rules(cfg),
         (
             min(cfg.warmup, cfg.log_every, cfg.keep_last, cfg.max_steps) >= 1,
             "warmup, log_every, keep_last, max_steps",

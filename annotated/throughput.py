@@ -12,6 +12,7 @@ import torch
 
 from .batching import PAD, Batch
 from .config import TrainConfig
+from .trainer import build_run, run_batches, run_precision, run_step
 
 
 # %% ../notebooks/11_wmt14_training.ipynb #c040
@@ -57,21 +58,19 @@ def matmul_rate(device, dtype=None) -> float:
 def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict:
     """Time `steps` optimiser steps of `cfg` in one process on this machine, after one untimed
     step, and project the whole run (max_steps) from the median step time."""
-    from annotated.trainer import _batches, _build, _precision, _step  # only to measure them
-
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    run = _build(cfg, 1, device)
-    run.precision, m = _precision(cfg, run, device, 1, None), cfg.model
+    run = build_run(cfg, 1, device)
+    run.precision, m = run_precision(cfg, run, device, 1, None), cfg.model
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times, flops, tokens = [], 0.0, 0
-    prefetch = _batches(run, 0, device, run.step + steps + 1)
+    prefetch = run_batches(run, 0, device, run.step + steps + 1)
     for i in range(steps + 1):
         if i:  # the timed step's micro-batches, for its FLOPs (a pure function of the step)
             batches = [run.task.micro_batch(run.step, j) for j in range(run.accum)]
             flops += sum(model_flops(b, vocab=run.task.tgt_vocab, **vars(m)) for b in batches)
         sync()
         start = time.perf_counter()
-        _, _, step_tokens = _step(run, run.model, cfg, 0, 1, device, prefetch)
+        _, _, step_tokens = run_step(run, run.model, cfg, 0, 1, device, prefetch)
         sync()
         if i:  # the first step warms up kernels and allocator
             times.append(time.perf_counter() - start)

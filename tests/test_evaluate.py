@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from annotated import evaluation
 from annotated.cli import evaluate
 from annotated.errors import TrainingError
 from annotated.registry import build_config
@@ -30,7 +31,7 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
         ("5 5 6", "5 5 6"),
     ]
     monkeypatch.setattr(CopyTask, "test_sets", {"toy": lambda cfg: pairs})
-    report = evaluate.evaluate_run(copy_run, last=3)
+    report = evaluation.evaluate_run(copy_run, last=3)
     assert report["checkpoints"] == ["ckpt_00000200.pt", "ckpt_00000300.pt", "ckpt_00000400.pt"]
     toy = report["tests"]["toy"]
     assert (
@@ -40,13 +41,13 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
     for bleu in ("sacrebleu", "tokenized_bleu", "compound_split_bleu", "tokenized_lowercased_bleu"):
         assert toy[bleu] >= 90 and toy[f"{bleu}_signature"]
     assert "##AT##" in toy["compound_split_bleu_signature"] and toy["of"] == 4
-    every = evaluate.evaluate_run(copy_run, limit=2)  # all kept checkpoints, two sentences
+    every = evaluation.evaluate_run(copy_run, limit=2)  # all kept checkpoints, two sentences
     kept = sorted(p.name for p in (copy_run / "checkpoints").glob("ckpt_*.pt"))
     assert every["checkpoints"] == kept and len(kept) == 4  # steps 100 to 400
     assert (every["tests"]["toy"]["sentences"], every["tests"]["toy"]["of"]) == (2, 4)
     assert [t["source"] for t in every["translations"]["toy"]] == [s for s, _ in pairs[:2]]
     out = tmp_path / "results"
-    path = evaluate.write_results(
+    path = evaluation.write_results(
         out, copy_run, report, command="python -m annotated.cli.evaluate (test)"
     )
     results = json.loads(path.read_text())
@@ -74,11 +75,11 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
 
 def test_evaluate_refuses_runs_it_cannot_score(copy_run, tmp_path):
     with pytest.raises(TrainingError, match="no checkpoints in"):
-        evaluate.evaluate_run(tmp_path)
+        evaluation.evaluate_run(tmp_path)
     with pytest.raises(TrainingError, match="task 'copy' has no test sets"):
-        evaluate.evaluate_run(copy_run)
+        evaluation.evaluate_run(copy_run)
     with pytest.raises(TrainingError, match="run.json is missing"):
-        evaluate.write_results(tmp_path / "r", tmp_path, {"translations": {}})
+        evaluation.write_results(tmp_path / "r", tmp_path, {"translations": {}})
 
 
 def test_cli_reports_a_missing_run(tmp_path):
@@ -97,18 +98,18 @@ def test_inputs_are_checked_before_any_decoding(copy_run, tmp_path, monkeypatch)
     (run / "run.json").write_text((copy_run / "run.json").read_text())
     good = (copy_run / "metrics.jsonl").read_text()
     (run / "metrics.jsonl").write_text(good + '{"step": 401, "lo')  # cut short by a kill
-    run_info, metrics, text = evaluate.read_run(run)
+    run_info, metrics, text = evaluation.read_run(run)
     assert text == good and metrics[-1]["step"] == 400
     (run / "metrics.jsonl").write_text('{"step": 1, "lo\n' + good)  # damaged in the middle
     with pytest.raises(TrainingError, match="line 1 is not JSON"):
-        evaluate.read_run(run)
+        evaluation.read_run(run)
     decoded = []
     monkeypatch.setattr(evaluate, "evaluate_run", lambda *a, **k: decoded.append(1))
     assert evaluate.main(["--run", str(run), "--results", str(tmp_path / "res")]) == 2
     assert decoded == []
     (run / "run.json").write_text("")
     with pytest.raises(TrainingError, match="cannot be read"):
-        evaluate.read_run(run)
+        evaluation.read_run(run)
 
 
 @pytest.mark.parametrize(
@@ -169,7 +170,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_plot_scores_each_checkpoint_and_draws_the_run(copy_run, tmp_path, monkeypatch, capsys):
     pairs = [("3 4 5 6", "3 4 5 6"), ("7 8 9 10", "7 8 9 10"), ("11 12 3", "11 12 3")]
     monkeypatch.setattr(CopyTask, "test_sets", {"toy": lambda cfg: pairs})
-    scores = evaluate.bleu_per_checkpoint(copy_run)
+    scores = evaluation.bleu_per_checkpoint(copy_run)
     assert sorted(scores) == [100, 200, 300, 400]  # the step of every kept checkpoint
     assert scores[400] >= 90 and all(0 <= s <= 100 + 1e-9 for s in scores.values())
     png = tmp_path / "plots" / "summary.png"
