@@ -12,7 +12,6 @@ import torch
 
 from .batching import PAD, Batch
 from .config import TrainConfig
-from .trainer import build_run, run_batches, run_precision, run_step
 
 
 # %% ../notebooks/11_wmt14_training.ipynb #c040
@@ -58,6 +57,10 @@ def matmul_rate(device, dtype=None) -> float:
 def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict:
     """Time `steps` optimiser steps of `cfg` in one process on this machine, after one untimed
     step, and project the whole run (max_steps) from the median step time."""
+    # imported here: the trainer needs tqdm, and the GPU benchmarks import this module for
+    # model_flops and matmul_rate on machines that have nothing but torch
+    from annotated.trainer import build_run, run_batches, run_precision, run_step
+
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     run = build_run(cfg, 1, device)
     run.precision, m = run_precision(cfg, run, device, 1, None), cfg.model

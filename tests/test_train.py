@@ -261,6 +261,9 @@ def endless_run(out, **popen):
     proc = subprocess.Popen(
         [sys.executable, "-m", "annotated.cli.train", "--no-progress", *args],
         env=dict(os.environ, OMP_NUM_THREADS="1"),
+        # as from a terminal: a shell's background job (`make test &`) ignores Ctrl-C, and its
+        # children would inherit that and never see the SIGINT these tests send
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         **popen,
     )
     deadline = time.time() + 120
@@ -287,7 +290,10 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
         tmp_path / "run", text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # whatever happened, no trainer outlives the test
     assert proc.returncode == 2 and "Traceback" not in err, err
     assert "interrupted at step" in err and "--resume" in err and "ckpt_" in err
 

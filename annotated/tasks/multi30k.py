@@ -131,8 +131,8 @@ def multi30k_cpu_config() -> TrainConfig:
 
 def multi30k_postnorm_config() -> TrainConfig:
     """The paper's post-norm base model on Multi30k, for eight minutes of one H100 (at most 6,000
-    steps). With the GPU profile's learning rate (a peak of 1.4e-3) post-norm collapsed; half of
-    it (the paper's peak, 7e-4) and gradients clipped at norm 1 let it train (chapter 9b)."""
+    steps). With the GPU profile's learning rate (a peak of 1.4e-3) post-norm collapsed; with half
+    of it (the paper's peak, 7e-4) it trains, and clipping gradients at norm 1 helped (9b)."""
     full = multi30k_config()
     return replace(
         full,
