@@ -170,7 +170,7 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None, max_tokens=None):
     import tempfile
 
     from annotated.batching import BucketSampler
-    from annotated.config import FILL
+    from annotated.config import TrainConfig, micro_batches_per_process
     from annotated.tokenizer import train_tokenizer
 
     folder = Path(folder or Path(os.environ.get("ANNOTATED_DATA", ".")) / WMT_SAMPLE)
@@ -183,7 +183,8 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None, max_tokens=None):
         tok = train_tokenizer(pairs, Path(tmp) / "wmt", 16000)
         # a source ends with </s>; a target is framed by <s> ... </s>
         lengths = [(len(tok.encode(a)) + 1, len(tok.encode(b)) + 2) for a, b in pairs]
-    per_step = math.ceil(tokens / (FILL * max_tokens)) if max_tokens else 1
+    steps_cfg = TrainConfig(tokens_per_step=tokens, max_tokens=max_tokens or tokens, accum=0)
+    per_step = micro_batches_per_process(steps_cfg, 1) if max_tokens else 1
     sampler = BucketSampler(lengths, math.ceil(tokens / per_step), max_tokens or tokens, seed=seed)
     micro = random.Random(seed).sample(sampler.batches(0), n * per_step)
     g = torch.Generator().manual_seed(seed)

@@ -105,18 +105,20 @@ def step_budget(overrides: list[str], seconds: float) -> tuple[int, float]:
     return max(20, int(seconds / per_step) // 20 * 20), per_step
 
 
-def bleu_on_test2016(run: Path, last: int = 5) -> dict:
+def bleu_on_test2016(run: Path, last: int = 5, every_bleu: bool = False) -> dict:
     """BLEU on test2016, beam 4, alpha 0.6, of the average of the run's last `last` checkpoints
-    (5, as the profiles keep): sacreBLEU, and on the GPU profile every score of `evaluate`."""
+    (5, as the profiles keep): sacreBLEU, and with `every_bleu` every score of `evaluate`."""
     model, tokenizer, cfg = load_model(checkpoint_paths(run)[-last:], device=DEVICE)
     pairs = TASKS[cfg.task].test_sets["test2016"](cfg)
     start = time.time()
     hyps = translate(model, tokenizer, [s for s, _ in pairs], beam_size=4, alpha=0.6)
     seconds = time.time() - start
     refs = [r for _, r in pairs]
-    scores = {"sacrebleu": sacrebleu_score(hyps, refs)[0]}
-    if cfg.task == "multi30k" and DEVICE == "cuda":
-        scores = score_translations(hyps, refs)
+    scores = (
+        score_translations(hyps, refs)
+        if every_bleu
+        else {"sacrebleu": sacrebleu_score(hyps, refs)[0]}
+    )
     return {**scores, "decode_seconds": seconds, "sentences": len(pairs)}
 
 
@@ -171,7 +173,7 @@ def record_trial(config, name, cmd, steps, wall, seconds, per_step) -> dict:
     kept = len(checkpoint_paths(out))
     # the profile's average of 5; where the run kept more, the other windows of the same run
     windows = [k for k in AVERAGES if k <= kept] if kept > 5 else [5]
-    scores = {k: bleu_on_test2016(out, k) for k in windows}
+    scores = {k: bleu_on_test2016(out, k, every_bleu=config == "multi30k") for k in windows}
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     record = {
         "trial": name,
