@@ -11,13 +11,13 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .attention import attention, subsequent_mask
     from .batching import BOS, EOS, PAD, Batch, TokenBatchSampler, make_batch
     from .bleu import lowercase_tokenized_bleu, sacrebleu_score, tokenized_bleu
-    from .checkpoints import average_checkpoints
-    from .config import TrainConfig
+    from .data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
     from .decoding import beam_search, greedy_decode, length_penalty
     from .embeddings import Embeddings, Generator, LearnedPositionalEncoding, PositionalEncoding
+    from .evaluation.averaging import average_checkpoints
+    from .evaluation.translation import load_model, translate
     from .fast import make_fast
     from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, SublayerConnection
     from .loss import FusedLabelSmoothing, LabelSmoothing
@@ -32,16 +32,15 @@ if TYPE_CHECKING:
         make_model,
     )
     from .multihead import MultiHeadedAttention
-    from .registry import CONFIGS, TASKS, build_config
+    from .scaled_dot_product import attention, subsequent_mask
     from .schedule import make_optimizer, rate
-    from .tokenizer import Tokenizer, load_tokenizer, train_tokenizer
-    from .trainer import train
-    from .translation import load_model, translate
-from .attention import attention  # noqa: E402
+    from .training.config import TrainConfig
+    from .training.registry import CONFIGS, TASKS, build_config
+    from .training.trainer import train
 
 _MODULE_OF = {
-    "attention": "attention",
-    "subsequent_mask": "attention",
+    "attention": "scaled_dot_product",
+    "subsequent_mask": "scaled_dot_product",
     "MultiHeadedAttention": "multihead",
     "PositionwiseFeedForward": "layers",
     "SublayerConnection": "layers",
@@ -73,20 +72,20 @@ _MODULE_OF = {
     "greedy_decode": "decoding",
     "beam_search": "decoding",
     "length_penalty": "decoding",
-    "average_checkpoints": "checkpoints",
+    "average_checkpoints": "evaluation.averaging",
     "sacrebleu_score": "bleu",
     "tokenized_bleu": "bleu",
     "lowercase_tokenized_bleu": "bleu",
-    "Tokenizer": "tokenizer",
-    "train_tokenizer": "tokenizer",
-    "load_tokenizer": "tokenizer",
-    "TrainConfig": "config",
-    "CONFIGS": "registry",
-    "TASKS": "registry",
-    "build_config": "registry",
-    "train": "trainer",
-    "translate": "translation",
-    "load_model": "translation",
+    "Tokenizer": "data.tokenizer",
+    "train_tokenizer": "data.tokenizer",
+    "load_tokenizer": "data.tokenizer",
+    "TrainConfig": "training.config",
+    "CONFIGS": "training.registry",
+    "TASKS": "training.registry",
+    "build_config": "training.registry",
+    "train": "training.trainer",
+    "translate": "evaluation.translation",
+    "load_model": "evaluation.translation",
 }
 __all__ = [
     "attention",

@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from .attention import subsequent_mask
+from .scaled_dot_product import subsequent_mask
 
 
 # %% ../notebooks/06_training.ipynb #c005

@@ -16,8 +16,8 @@ __all__ = [
 # Decoding a trained model: greedy here, beam search in chapter 7 (paper section 6.1).
 import torch
 
-from .attention import subsequent_mask
 from .multihead import KVCache
+from .scaled_dot_product import subsequent_mask
 
 
 # %% ../notebooks/06_training.ipynb #c030

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import attention
+from .scaled_dot_product import attention
 
 
 # %% ../notebooks/02_multi_head_attention.ipynb #c005

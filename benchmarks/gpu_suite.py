@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 from annotated.files import write_text_atomic
-from annotated.provenance import provenance
+from annotated.training.provenance import provenance
 
 PARTS = ("tests", "base", "big", "wmt14-base", "wmt14-big")
 TESTS = [

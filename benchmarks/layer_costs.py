@@ -19,10 +19,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from annotated.complexity import layer_costs, layer_costs_figure
+from annotated.experiments.plots import save_png
+from annotated.experiments.table1 import layer_costs, layer_costs_figure
 from annotated.files import write_text_atomic
-from annotated.plots import save_png
-from annotated.provenance import provenance
+from annotated.training.provenance import provenance
 
 
 def main(argv=None) -> int:

@@ -69,6 +69,7 @@ from annotated import make_model, subsequent_mask
 from annotated.batching import BOS, EOS, PAD, Batch, make_batch
 from annotated.decoding import beam_search, beam_search_core
 from annotated.embeddings import Embeddings, PositionalEncoding
+from annotated.experiments.throughput import matmul_rate, model_flops
 from annotated.fast import fused_attention, make_fast
 from annotated.files import write_text_atomic
 from annotated.loss import (
@@ -77,11 +78,10 @@ from annotated.loss import (
 )
 from annotated.multihead import MultiHeadedAttention
 from annotated.precision import Precision, choose_precision
-from annotated.prefetch import Prefetcher
-from annotated.provenance import provenance
 from annotated.schedule import make_optimizer
-from annotated.step import loss_on_batch
-from annotated.throughput import matmul_rate, model_flops
+from annotated.training.prefetch import Prefetcher
+from annotated.training.provenance import provenance
+from annotated.training_step import loss_on_batch
 
 PRESETS = {  # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target tokens per batch
     "quick": dict(vocab=500, N=1, d_model=64, d_ff=128, h=4, norm_first=False, tokens=400),
@@ -170,8 +170,8 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None, max_tokens=None):
     import tempfile
 
     from annotated.batching import BucketSampler
-    from annotated.config import TrainConfig, micro_batches_per_process
-    from annotated.tokenizer import train_tokenizer
+    from annotated.data.tokenizer import train_tokenizer
+    from annotated.training.config import TrainConfig, micro_batches_per_process
 
     folder = Path(folder or Path(os.environ.get("ANNOTATED_DATA", ".")) / WMT_SAMPLE)
     with (

@@ -20,11 +20,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from annotated.checkpoints import checkpoint_paths
+from annotated.evaluation.translation import load_model, translate
 from annotated.files import write_text_atomic
-from annotated.provenance import provenance
-from annotated.registry import TASKS
-from annotated.translation import load_model, translate
+from annotated.training.checkpoints import checkpoint_paths
+from annotated.training.provenance import provenance
+from annotated.training.registry import TASKS
 
 
 def main(argv=None) -> int:

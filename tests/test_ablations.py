@@ -9,8 +9,8 @@ from dataclasses import asdict
 
 import pytest
 
-from annotated.ablations import GRIDS, VARIATIONS
-from annotated.registry import build_config
+from annotated.experiments.table3 import GRIDS, VARIATIONS
+from annotated.training.registry import build_config
 
 BASE = "multi30k-small"
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from annotated.analysis import (
+from annotated.bleu import sacrebleu_score
+from annotated.evaluation.analysis import (
     bleu_by_group,
     dropped_numbers,
     length_group,
@@ -10,7 +11,6 @@ from annotated.analysis import (
     rarest_word_pieces,
     rarity_group,
 )
-from annotated.bleu import sacrebleu_score
 
 
 class Letters:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from annotated import make_model
-from annotated.attention_maps import (
+from annotated.experiments.attention_maps import (
     KINDS,
     AttentionMaps,
     _distinct,

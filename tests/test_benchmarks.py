@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from annotated.batching import PAD, Batch
+from annotated.experiments.throughput import model_flops
 from annotated.model import make_model
-from annotated.throughput import model_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated.complexity import (
+from annotated.experiments.table1 import (
     LAYERS,
     dependency_accuracy,
     layer_costs,

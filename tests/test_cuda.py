@@ -14,10 +14,10 @@ from annotated.batching import BOS, EOS, PAD
 from annotated.decoding import beam_search, greedy_decode
 from annotated.fast import make_fast
 from annotated.loss import FusedLabelSmoothing, LabelSmoothing
-from annotated.registry import build_config
-from annotated.step import loss_on_batch
-from annotated.tasks.copy import copy_batch
-from annotated.trainer import train
+from annotated.training.registry import build_config
+from annotated.training.tasks.copy import copy_batch
+from annotated.training.trainer import train
+from annotated.training_step import loss_on_batch
 
 from helpers import padded_batch
 
@@ -200,7 +200,7 @@ def test_auto_precision_on_cuda_is_bf16_where_supported_else_fp16():
 
 
 def test_prefetched_batches_are_pinned_then_arrive_on_the_gpu():
-    from annotated.prefetch import Prefetcher
+    from annotated.training.prefetch import Prefetcher
 
     seen = []
 

@@ -20,7 +20,7 @@ from annotated import (
     tokenized_bleu,
 )
 from annotated.bleu import PaperTokenizer, split_compounds
-from annotated.datasets.download import read_lines
+from annotated.data.download import read_lines
 from annotated.decoding import (
     StepDecoder,
     beam_search,

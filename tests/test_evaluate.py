@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from annotated import evaluation
 from annotated.cli import evaluate
 from annotated.errors import TrainingError
-from annotated.registry import build_config
-from annotated.tasks.copy import CopyTask
-from annotated.trainer import train
+from annotated.evaluation import runs as evaluation
+from annotated.training.registry import build_config
+from annotated.training.tasks.copy import CopyTask
+from annotated.training.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_plot_scores_each_checkpoint_and_draws_the_run(copy_run, tmp_path, monke
 
 
 def test_the_figure_has_four_panels_and_says_when_bleu_is_missing():
-    from annotated.plots import run_figure
+    from annotated.experiments.plots import run_figure
 
     metrics = [{"step": s, "loss": 5 / s, "lr": 1e-3, "target_tokens_per_s": 1e4} for s in (10, 20)]
     fig = run_figure(metrics, bleu={20: 30.5}, averaged=31.0, title="t")

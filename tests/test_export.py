@@ -29,7 +29,7 @@ def test_check_detects_drift(tmp_path, monkeypatch):
     for name in ["notebooks", "annotated"]:
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    target = tmp_path / "annotated" / "attention.py"
+    target = tmp_path / "annotated" / "scaled_dot_product.py"
     target.write_text(target.read_text().replace("math.sqrt(d_k)", "d_k"))
     assert export.check(tmp_path) == 1
 
@@ -74,8 +74,15 @@ def test_import_annotated_loads_no_command_line():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     first, then = map(ast.literal_eval, loaded.stdout.strip().splitlines())
-    assert "annotated.trainer" not in first and "annotated.translation" not in first
-    assert {"annotated.trainer", "annotated.translation", "annotated.model"} <= set(then)
+    assert (
+        "annotated.training.trainer" not in first
+        and "annotated.evaluation.translation" not in first
+    )
+    assert {
+        "annotated.training.trainer",
+        "annotated.evaluation.translation",
+        "annotated.model",
+    } <= set(then)
     assert not [m for m in then if m.startswith("annotated.cli")], then
 
 
@@ -130,3 +137,108 @@ def test_public_api_of_the_annotated_transformer():
         "make_model",
     ]:
         assert name in annotated.__all__ and callable(getattr(annotated, name)), name
+
+
+def test_reader_api_is_the_one_list_in_tools_export():
+    """`annotated.__all__` is generated from export.READER_API, and every name is its module's."""
+    import annotated
+
+    listed = [n for names in export.READER_API.values() for n in names]
+    assert annotated.__all__ == listed
+    for module, names in export.READER_API.items():
+        mod = importlib.import_module(f"annotated.{module}")
+        for n in names:
+            assert getattr(annotated, n) is getattr(mod, n), (module, n)
+    # a name that is also a module's would be shadowed by the submodule once it is imported
+    folders = {p.stem for p in (ROOT / "annotated").iterdir() if p.suffix == ".py" or p.is_dir()}
+    assert not folders & set(listed), folders & set(listed)
+
+
+def _imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.level or "annotated" in (node.module or "")):
+            yield node
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = [
+        f"{name}: {n.name} from {'.' * node.level}{node.module}"
+        for path, name in _modules()
+        for node in _imports(path)
+        for n in node.names
+        if n.name.startswith("_")
+    ]
+    assert not private, private
+
+
+CORE = {p.stem for p in (ROOT / "annotated").glob("*.py")} - {"__init__"}
+LAYERS = ["data", "training", "evaluation", "experiments", "cli"]  # each may import those before
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if module.startswith("annotated.") else module
+    return LAYERS.index(top) + 1 if top in LAYERS else 0
+
+
+def test_imports_never_run_back_up():
+    """The paper's core imports no machinery; data, training, evaluation, experiments and the
+    command lines each import only what comes before them."""
+    upward = []
+    for path, name in _modules():
+        if name == "annotated":
+            continue  # the face: it names the reader's API, importing each at first use
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in _imports(path):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module
+            if _layer(target) > _layer(name):
+                upward.append(f"{name} imports {target}")
+    assert not upward, upward
+    assert "scaled_dot_product" in CORE and "trainer" not in CORE
+
+
+def test_mypy_checks_the_task_protocol(tmp_path):
+    """A task that lacks what the trainer uses is a type error, not a crash hours into a run."""
+    bad = tmp_path / "bad_task.py"
+    bad.write_text(
+        "from annotated.training.registry import Task\n"
+        "from annotated.training.tasks.copy import CopyTask\n\n"
+        "class NoBatches:\n"
+        "    test_sets: dict = {}\n"
+        "    def __init__(self, cfg) -> None:\n"
+        "        self.src_vocab = self.tgt_vocab = self.per_step = 1\n\n"
+        "good: type[Task] = CopyTask\n"
+        "bad: type[Task] = NoBatches\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports=silent", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    errors = [line for line in r.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and "bad_task.py:10:" in errors[0] and "NoBatches" in errors[0], (
+        r.stdout
+    )
+
+
+def test_readme_lists_every_module_where_it_is():
+    """README's "Where things are" names each module under its folder, and nothing else."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Where things are", 1)[1].split("\n## ", 1)[0]
+    listed, folder = set(), ""
+    for line in block.split("```text", 1)[1].split("```", 1)[0].splitlines()[1:]:
+        entry = line.strip().split(" ", 1)[0]
+        if line.startswith("  ") and not line.startswith("    ") and entry.endswith("/"):
+            folder = entry
+        elif entry.endswith(".py"):
+            listed.add((folder if line.startswith("    ") else "") + entry)
+    modules = {
+        str(p.relative_to(ROOT / "annotated"))
+        for p in (ROOT / "annotated").rglob("*.py")
+        if (p.name != "__init__.py" or p.parent.name == "annotated") and "cli" not in p.parts
+    }
+    assert listed == modules, (listed - modules, modules - listed)

@@ -15,9 +15,9 @@ from annotated.batching import PAD
 from annotated.fast import FastDropout, make_fast
 from annotated.loss import FusedLabelSmoothing, LabelSmoothing
 from annotated.multihead import MultiHeadedAttention
-from annotated.registry import build_config
-from annotated.step import loss_on_batch
-from annotated.trainer import train
+from annotated.training.registry import build_config
+from annotated.training.trainer import train
+from annotated.training_step import loss_on_batch
 
 from helpers import padded_batch
 
@@ -129,7 +129,7 @@ def test_fast_attention_in_bf16_on_cpu_runs_the_reference_softmax():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_query_that_sees_no_key_gets_zeros_from_both_kernels(dtype):
-    from annotated.attention import attention
+    from annotated.scaled_dot_product import attention
 
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 1, 2, 3, 8).to(dtype).unbind(0)  # (batch, h, n, d_k) each

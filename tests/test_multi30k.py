@@ -3,9 +3,9 @@
 import torch
 
 from annotated.batching import BOS, EOS, PAD, make_batch
-from annotated.datasets.multi30k import load_multi30k
-from annotated.tasks.multi30k import Multi30kTask, multi30k_cpu_config
-from annotated.translation import translate
+from annotated.data.multi30k import load_multi30k
+from annotated.evaluation.translation import translate
+from annotated.training.tasks.multi30k import Multi30kTask, multi30k_cpu_config
 
 
 def test_sources_end_and_targets_are_framed():
@@ -38,7 +38,7 @@ class EchoModel(torch.nn.Module):
 def test_translate_decodes_without_special_tokens(monkeypatch):
     import importlib
 
-    translation = importlib.import_module("annotated.translation")
+    translation = importlib.import_module("annotated.evaluation.translation")
     task_tokenizer = Multi30kTask(multi30k_cpu_config()).tokenizer
 
     def fake_beam_search(model, src, src_mask, max_len, bos, eos, beam_size, alpha):

@@ -11,16 +11,16 @@ import torch
 
 import annotated.precision as precision_module
 from annotated.batching import PAD
-from annotated.config import TrainConfig, apply_overrides
 from annotated.errors import ConfigError
 from annotated.fast import make_fast
 from annotated.loss import FusedLabelSmoothing
 from annotated.model import ModelConfig, make_model
 from annotated.precision import Precision, bf16_speedup, choose_precision
 from annotated.schedule import make_optimizer
-from annotated.step import loss_on_batch, train_step
-from annotated.tasks.copy import copy_batch
-from annotated.trainer import train
+from annotated.training.config import TrainConfig, apply_overrides
+from annotated.training.tasks.copy import copy_batch
+from annotated.training.trainer import train
+from annotated.training_step import loss_on_batch, train_step
 
 
 def tiny_model(seed=0):

@@ -10,9 +10,9 @@ import torch
 
 from annotated.batching import make_batch
 from annotated.errors import ExpectedError
-from annotated.prefetch import Prefetcher
-from annotated.registry import build_config
-from annotated.trainer import train
+from annotated.training.prefetch import Prefetcher
+from annotated.training.registry import build_config
+from annotated.training.trainer import train
 
 
 def make(step):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated.registry import build_config
+from annotated.training.registry import build_config
 
 
 def sets(*overrides: str) -> list[str]:
@@ -299,7 +299,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
 
 
 def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_path, monkeypatch):
-    trainer = importlib.import_module("annotated.trainer")
+    trainer = importlib.import_module("annotated.training.trainer")
     out = tmp_path / "run"
     cfg = build_config(
         "copy",
@@ -363,7 +363,7 @@ def test_files_that_are_not_checkpoints_or_json_get_messages(tmp_path):
 def test_a_refused_start_releases_the_folder_for_the_same_process(tmp_path):
     """In a notebook the traceback keeps the failed call's frame alive: the lock must not live in
     it."""
-    trainer = importlib.import_module("annotated.trainer")
+    trainer = importlib.import_module("annotated.training.trainer")
     cfg = build_config(
         "copy", ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "max_steps=2"]
     )
@@ -465,7 +465,7 @@ def kept_steps(cfg, seconds_per_step: float, monkeypatch) -> list[int]:
     """The steps whose checkpoints a run keeps at its end when every step takes
     `seconds_per_step`: the training loop's rule (config.checkpoint_due, then the last
     `keep_last`), on a simulated clock."""
-    import annotated.config as config
+    import annotated.training.config as config
 
     clock = [0.0]
     monkeypatch.setattr(config.time, "time", lambda: clock[0])

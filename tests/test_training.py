@@ -10,8 +10,8 @@ from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler
 from annotated.decoding import greedy_decode
 from annotated.loss import LabelSmoothing
 from annotated.schedule import make_optimizer, rate
-from annotated.step import train_step
-from annotated.tasks.copy import copy_batch
+from annotated.training.tasks.copy import copy_batch
+from annotated.training_step import train_step
 
 
 def test_batch_shifts_and_masks():
@@ -148,8 +148,8 @@ def test_copy_task_learns_to_copy():
     """The copy task reaches exact copies of held-out sequences (about 40 s on 2 CPU cores)."""
     import tempfile
 
-    from annotated.registry import build_config
-    from annotated.trainer import train
+    from annotated.training.registry import build_config
+    from annotated.training.trainer import train
 
     cfg = build_config("copy")
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from annotated.errors import TrainingError
-from annotated.registry import build_config
-from annotated.tasks.copy import IdTokenizer
-from annotated.trainer import train
-from annotated.translation import load_model
+from annotated.evaluation.translation import load_model
+from annotated.training.registry import build_config
+from annotated.training.tasks.copy import IdTokenizer
+from annotated.training.trainer import train
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import annotated.datasets.encoded as encoded
-from annotated.datasets.cleaning import LINE_BREAKS, RULES, clean_corpora, read_pairs, sample_pairs
-from annotated.datasets.download import RemoteFile, fetch
-from annotated.datasets.encoded import EncodedCorpus, is_encoded, write_encoded
-from annotated.datasets.prepare import prepare_wmt14
-from annotated.datasets.wmt14 import (
+import annotated.data.encoded as encoded
+from annotated.data.cleaning import LINE_BREAKS, RULES, clean_corpora, read_pairs, sample_pairs
+from annotated.data.download import RemoteFile, fetch
+from annotated.data.encoded import EncodedCorpus, is_encoded, write_encoded
+from annotated.data.preparation import prepare_wmt14
+from annotated.data.tokenizer import train_tokenizer
+from annotated.data.wmt14 import (
     SAMPLE_FILES,
     SCALE_ENV,
     WMT14_ARCHIVES,
@@ -30,7 +31,6 @@ from annotated.datasets.wmt14 import (
     load_test_set,
 )
 from annotated.errors import ChecksumError, DataError
-from annotated.tokenizer import train_tokenizer
 
 from helpers import serve
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from annotated.batching import BOS, EOS, PAD, BucketSampler
-from annotated.config import micro_batches_per_process
 from annotated.errors import ConfigError, TrainingError
-from annotated.launch import launch, slurm_script, torchrun_command
-from annotated.registry import TASKS, build_config
-from annotated.throughput import measure_throughput
+from annotated.experiments.throughput import measure_throughput
+from annotated.training.config import micro_batches_per_process
+from annotated.training.launch import launch, slurm_script, torchrun_command
+from annotated.training.registry import TASKS, build_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("ANNOTATED_DATA") or ROOT.parent / "shared" / "data").resolve()

@@ -20,8 +20,8 @@ import sacremoses
 from sacrebleu.metrics import BLEU
 
 from annotated.bleu import PaperTokenizer, lowercase_tokenized_bleu
-from annotated.datasets.download import data_root, read_lines
-from annotated.provenance import provenance
+from annotated.data.download import data_root, read_lines
+from annotated.training.provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {  # name -> (hypotheses, references), relative to the repository and the data folder

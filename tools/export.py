@@ -37,9 +37,10 @@ modules alone, run on a GPU machine that has nothing but torch installed.
 '''
 
 # What `import annotated` offers a reader: module -> names. Everything else is imported from
-# its module (`from annotated.trainer import ...`); the command lines are never imported here.
+# its module (`from annotated.training.trainer import ...`); the command lines are never
+# imported here.
 READER_API = {
-    "attention": ["attention", "subsequent_mask"],
+    "scaled_dot_product": ["attention", "subsequent_mask"],
     "multihead": ["MultiHeadedAttention"],
     "layers": ["PositionwiseFeedForward", "SublayerConnection", "EncoderLayer", "DecoderLayer"],
     "embeddings": ["Embeddings", "Generator", "PositionalEncoding", "LearnedPositionalEncoding"],
@@ -58,18 +59,21 @@ READER_API = {
     "schedule": ["rate", "make_optimizer"],
     "fast": ["make_fast"],
     "decoding": ["greedy_decode", "beam_search", "length_penalty"],
-    "checkpoints": ["average_checkpoints"],
+    "evaluation.averaging": ["average_checkpoints"],
     "bleu": ["sacrebleu_score", "tokenized_bleu", "lowercase_tokenized_bleu"],
-    "tokenizer": ["Tokenizer", "train_tokenizer", "load_tokenizer"],
-    "config": ["TrainConfig"],
-    "registry": ["CONFIGS", "TASKS", "build_config"],
-    "trainer": ["train"],
-    "translation": ["translate", "load_model"],
+    "data.tokenizer": ["Tokenizer", "train_tokenizer", "load_tokenizer"],
+    "training.config": ["TrainConfig"],
+    "training.registry": ["CONFIGS", "TASKS", "build_config"],
+    "training.trainer": ["train"],
+    "evaluation.translation": ["translate", "load_model"],
 }
 SUBPACKAGES = {  # folder -> docstring of its generated __init__.py
     "cli": "The command lines: `python -m annotated.cli.NAME --help` (or `annotated-NAME --help`).",
-    "datasets": "Corpora: where each one's files live, with checksums, and how they are read.",
-    "tasks": "Training tasks: what the trainer draws its batches from (see annotated.registry).",
+    "data": "Corpora: downloads with checksums, cleaning, the tokenizer, the encoded format.",
+    "training": "The trainer and what it needs: configuration, registry, checkpoints, launching.",
+    "training/tasks": "Training tasks: what the trainer draws its batches from (see its registry).",
+    "evaluation": "Translating with a trained run, averaging its checkpoints, and scoring it.",
+    "experiments": "The paper's tables and the book's figures: Table 1, Table 3, maps, speed.",
 }
 
 
@@ -121,10 +125,6 @@ def _write_init(lib: Path) -> None:
         lines.append(f"    from .{module} import {', '.join(sorted(names, key=_isort_key))}")
     everything = [n for names in READER_API.values() for n in names]
     module_of = {n: module for module, names in READER_API.items() for n in names}
-    # a name that is also its module's name must be bound now: importing the submodule
-    # (which any other module may do) sets the package attribute to the module itself
-    same = sorted(n for n, module in module_of.items() if n == module)
-    lines += [f"from .{n} import {n}  # noqa: E402" for n in same]
     lines += [
         "",
         f"_MODULE_OF = {module_of!r}",

@@ -37,13 +37,13 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from annotated.bleu import sacrebleu_score, score_translations  # noqa: E402
-from annotated.checkpoints import checkpoint_paths  # noqa: E402
-from annotated.config import apply_overrides  # noqa: E402
 from annotated.errors import ExpectedError  # noqa: E402
-from annotated.provenance import provenance  # noqa: E402
-from annotated.registry import TASKS, build_config  # noqa: E402
-from annotated.throughput import measure_throughput  # noqa: E402
-from annotated.translation import load_model, translate  # noqa: E402
+from annotated.evaluation.translation import load_model, translate  # noqa: E402
+from annotated.experiments.throughput import measure_throughput  # noqa: E402
+from annotated.training.checkpoints import checkpoint_paths  # noqa: E402
+from annotated.training.config import apply_overrides  # noqa: E402
+from annotated.training.provenance import provenance  # noqa: E402
+from annotated.training.registry import TASKS, build_config  # noqa: E402
 
 # name -> the --set overrides applied to multi30k-cpu. Round 1 (float32 step times) ran
 # `current` and `d256`; round 2 runs every trial in bfloat16, which the fast path made pay on

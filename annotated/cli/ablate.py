@@ -8,8 +8,8 @@ __all__ = ["main"]
 import argparse
 import sys
 
-from ..ablations import GRIDS, run_variation
 from ..errors import ExpectedError
+from ..experiments.table3 import GRIDS, run_variation
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..bleu import score_translations
-from ..datasets.download import read_lines
+from ..data.download import read_lines
 from ..errors import DataError
 
 

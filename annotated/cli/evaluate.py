@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from ..errors import ExpectedError
-from ..evaluation import bleu_per_checkpoint, evaluate_run, read_run, write_results
-from ..plots import save_run_plot
+from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
+from ..experiments.plots import save_run_plot
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-c023c

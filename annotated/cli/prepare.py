@@ -9,8 +9,8 @@ import argparse
 import sys
 
 from ..errors import ExpectedError
-from ..registry import CONFIGS, build_config
-from ..tasks.wmt14 import prepare_for
+from ..training.registry import CONFIGS, build_config
+from ..training.tasks.wmt14 import prepare_for
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-prepare-c080

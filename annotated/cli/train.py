@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..checkpoints import read_metrics
 from ..errors import ExpectedError
-from ..plots import save_run_plot
-from ..registry import CONFIGS, build_config
-from ..trainer import train
+from ..experiments.plots import save_run_plot
+from ..training.registry import CONFIGS, build_config
+from ..training.run_folder import read_metrics
+from ..training.trainer import train
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-train-c017

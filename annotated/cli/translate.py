@@ -11,9 +11,9 @@ import sys
 
 import torch
 
-from ..datasets.download import decode_lines
+from ..data.download import decode_lines
 from ..errors import ExpectedError
-from ..translation import load_model, translate
+from ..evaluation.translation import load_model, translate
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-translate-c006
