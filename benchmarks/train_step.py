@@ -171,7 +171,7 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None, max_tokens=None):
 
     from annotated.batching import BucketSampler
     from annotated.data.tokenizer import train_tokenizer
-    from annotated.training.config import TrainConfig, micro_batches_per_process
+    from annotated.training.config import OptimConfig, TrainConfig, micro_batches_per_process
 
     folder = Path(folder or Path(os.environ.get("ANNOTATED_DATA", ".")) / WMT_SAMPLE)
     with (
@@ -183,7 +183,9 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None, max_tokens=None):
         tok = train_tokenizer(pairs, Path(tmp) / "wmt", 16000)
         # a source ends with </s>; a target is framed by <s> ... </s>
         lengths = [(len(tok.encode(a)) + 1, len(tok.encode(b)) + 2) for a, b in pairs]
-    steps_cfg = TrainConfig(tokens_per_step=tokens, max_tokens=max_tokens or tokens, accum=0)
+    steps_cfg = TrainConfig(
+        optim=OptimConfig(tokens_per_step=tokens, max_tokens=max_tokens or tokens, accum=0)
+    )
     per_step = micro_batches_per_process(steps_cfg, 1) if max_tokens else 1
     sampler = BucketSampler(lengths, math.ceil(tokens / per_step), max_tokens or tokens, seed=seed)
     micro = random.Random(seed).sample(sampler.batches(0), n * per_step)

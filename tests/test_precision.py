@@ -17,8 +17,8 @@ from annotated.loss import FusedLabelSmoothing
 from annotated.model import ModelConfig, make_model
 from annotated.precision import Precision, bf16_speedup, choose_precision
 from annotated.schedule import make_optimizer
-from annotated.training.config import TrainConfig, apply_overrides
-from annotated.training.tasks.copy import copy_batch
+from annotated.training.config import OptimConfig, TrainConfig, apply_overrides
+from annotated.training.tasks.copy import CopyData, copy_batch
 from annotated.training.trainer import train
 from annotated.training_step import loss_on_batch, train_step
 
@@ -70,7 +70,7 @@ def test_choose_precision_follows_the_device_and_the_probe():
     with pytest.raises(ConfigError, match="choose fp32, bf16, fp16 or auto"):
         choose_precision("half", "cpu")
     with pytest.raises(ConfigError, match="precision: must be auto, fp32, bf16 or fp16"):
-        apply_overrides(TrainConfig(), ["precision=half"])
+        apply_overrides(TrainConfig(data=CopyData()), ["precision=half"])
 
 
 def test_bf16_probe_leaves_gradients_and_random_state_as_they_were():
@@ -88,7 +88,13 @@ def test_bf16_probe_leaves_gradients_and_random_state_as_they_were():
 
 def copy_config(**changes) -> TrainConfig:
     model = ModelConfig(N=1, d_model=16, d_ff=32, h=2, dropout=0.1)
-    base = dict(model=model, batch_sentences=8, warmup=10, log_every=1, precision="fp16")
+    base = dict(
+        data=CopyData(batch_sentences=8),
+        model=model,
+        optim=OptimConfig(warmup=10),
+        log_every=1,
+        precision="fp16",
+    )
     return TrainConfig(**{**base, **changes})
 
 

@@ -22,7 +22,7 @@ def sets(*overrides: str) -> list[str]:
     return [arg for item in overrides for arg in ("--set", item)]
 
 
-TINY = sets("model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "batch_sentences=8")
+TINY = sets("model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "data.batch_sentences=8")
 TINY += sets("log_every=1")
 
 
@@ -46,14 +46,14 @@ def final_weights(out: Path) -> dict:
 
 
 def test_two_processes_equal_one_process_with_accumulation(tmp_path):
-    common = TINY + sets("max_steps=6", "warmup=3")
+    common = TINY + sets("max_steps=6", "optim.warmup=3")
     # both on CPU (gloo), also on a machine with a GPU: the test is about the arithmetic of DDP
     run_trainer(
         "--config",
         "copy",
         "--out",
         str(tmp_path / "one"),
-        *sets("accum=2"),
+        *sets("optim.accum=2"),
         *common,
         CUDA_VISIBLE_DEVICES="",
     )
@@ -155,6 +155,35 @@ def test_unknown_config_key_and_type(tmp_path):
     assert "precision: must be auto, fp32, bf16 or fp16" in msg
 
 
+def test_a_configuration_is_model_optimisation_and_the_tasks_own_data():
+    """Each part is its own dataclass; a key of another task's data, a part set as a whole, and
+    a flat key of the older layout are refused with the key to use."""
+    from dataclasses import asdict
+
+    from annotated.errors import ConfigError
+    from annotated.training.registry import config_from_record
+    from annotated.training.tasks.wmt14 import Wmt14Data
+
+    cfg = build_config("wmt14-base", ["data.pair=en-fr", "optim.warmup=8000"])
+    assert isinstance(cfg.data, Wmt14Data) and cfg.data.pair == "en-fr"
+    assert cfg.optim.warmup == 8000 and cfg.data.target_language() == "fr"
+    for bad, says in [
+        (["data.pair=en-fr"], "data.pair: unknown key"),  # Multi30k has no language pair
+        (["data=sample"], "data is a group of settings; set one of data.vocab"),
+        (["lr_factor=2"], "did you mean optim.lr_factor?"),
+        (["data.vocab=10"], "data.vocab: must be at least 100"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            build_config("multi30k-cpu", bad)
+    # what a checkpoint records comes back as the same configuration, in this layout or the
+    # older flat one (every key at the top, the WMT14 scale under "data")
+    assert config_from_record(json.loads(json.dumps(asdict(cfg)))) == cfg
+    flat = {**asdict(cfg.optim), **asdict(cfg), "pair": "en-fr", "data": "sample", "vocab": 0}
+    del flat["optim"]
+    old = config_from_record(flat)
+    assert old.data == Wmt14Data(pair="en-fr", scale="sample") and old.optim == cfg.optim
+
+
 def test_resume_without_and_with_corrupt_checkpoint(tmp_path):
     out = tmp_path / "run"
     assert "no checkpoint in" in error_of(
@@ -181,7 +210,10 @@ def test_nan_loss_stops_without_overwriting_the_good_checkpoint(tmp_path):
     good = sorted((out / "checkpoints").glob("*.pt"))
     before = {p.name: p.read_bytes() for p in good}
     r = tiny_copy(
-        out, *sets("max_steps=50", "checkpoint_every=1", "lr_factor=1e30"), "--resume", check=False
+        out,
+        *sets("max_steps=50", "checkpoint_every=1", "optim.lr_factor=1e30"),
+        "--resume",
+        check=False,
     )
     msg = error_of(r)
     assert "the loss became" in msg and "Lower lr_factor" in msg
@@ -208,7 +240,7 @@ def test_update_that_breaks_the_weights_is_never_checkpointed(tmp_path):
         run_trainer(
             "--config",
             "copy",
-            *sets("max_steps=9", "lr_factor=1e45"),
+            *sets("max_steps=9", "optim.lr_factor=1e45"),
             "--resume",
             *common,
             check=False,
@@ -234,16 +266,16 @@ def test_max_steps_zero_or_negative_is_refused(tmp_path, value):
 @pytest.mark.parametrize(
     "setting,key",
     [
-        ("warmup=0", "warmup"),
+        ("optim.warmup=0", "warmup"),
         ("model.d_model=65", "model.d_model"),
-        ("accum=0", "accum"),
+        ("optim.accum=0", "accum"),
         ("log_every=0", "log_every"),
         ("model.dropout=2", "model.dropout"),
-        ("lr_factor=nan", "lr_factor"),
-        ("max_grad_norm=-1", "max_grad_norm"),
-        ("max_grad_norm=inf", "max_grad_norm"),
-        ("adam_beta2=1", "adam_beta2"),
-        ("adam_eps=0", "adam_eps"),
+        ("optim.lr_factor=nan", "lr_factor"),
+        ("optim.max_grad_norm=-1", "max_grad_norm"),
+        ("optim.max_grad_norm=inf", "max_grad_norm"),
+        ("optim.adam_beta2=1", "adam_beta2"),
+        ("optim.adam_eps=0", "adam_eps"),
     ],
 )
 def test_unusable_values_are_refused_before_training(setting, key):
@@ -332,13 +364,13 @@ def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_p
 def test_resume_keeps_the_earlier_segment_and_logs_the_rate_each_step_used(tmp_path):
     from annotated.schedule import rate
 
-    first = build_config("copy").lr_factor  # the configuration's own factor
+    first = build_config("copy").optim.lr_factor  # the configuration's own factor
     out = tmp_path / "run"
     tiny_copy(out, *sets("max_steps=2"))
-    tiny_copy(out, *sets("max_steps=4", f"lr_factor={first / 2}"), "--resume")
+    tiny_copy(out, *sets("max_steps=4", f"optim.lr_factor={first / 2}"), "--resume")
     run = json.loads((out / "run.json").read_text())
-    assert run["config"]["lr_factor"] == first / 2 and run["from_step"] == 2
-    assert [h["config"]["lr_factor"] for h in run["history"]] == [first]
+    assert run["config"]["optim"]["lr_factor"] == first / 2 and run["from_step"] == 2
+    assert [h["config"]["optim"]["lr_factor"] for h in run["history"]] == [first]
     assert run["history"][0]["until_step"] == 2
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert logged[0]["step"] == 1 and logged[0]["lr"] == pytest.approx(rate(1, 16, first, 100))

@@ -157,10 +157,10 @@ def test_copy_task_learns_to_copy():
         state = torch.load(summary["last_checkpoint"], weights_only=True)
     from dataclasses import asdict
 
-    model = make_model(cfg.vocab, cfg.vocab, **asdict(cfg.model))
+    model = make_model(cfg.data.vocab, cfg.data.vocab, **asdict(cfg.model))
     model.load_state_dict(state["model"])
     model.eval()
-    test = copy_batch(cfg.vocab, 200, generator=torch.Generator().manual_seed(4242))
+    test = copy_batch(cfg.data.vocab, 200, generator=torch.Generator().manual_seed(4242))
     out = greedy_decode(model, test.src, test.src_mask, test.src.size(1) + 2, BOS, end_symbol=EOS)
     got = out[:, 1 : test.tgt_y.size(1) + 1]
     exact = ((got == test.tgt_y) | (test.tgt_y == PAD)).all(1).float().mean().item()

@@ -26,7 +26,7 @@ def checkpoint(tmp_path_factory):
             "model.d_model=16",
             "model.d_ff=32",
             "model.h=2",
-            "batch_sentences=4",
+            "data.batch_sentences=4",
         ],
     )
     train(cfg, out, progress=False)

@@ -48,32 +48,38 @@ from annotated.training.registry import TASKS, build_config  # noqa: E402
 # name -> the --set overrides applied to multi30k-cpu. Round 1 (float32 step times) ran
 # `current` and `d256`; round 2 runs every trial in bfloat16, which the fast path made pay on
 # this CPU, and keeps 20 checkpoints so that averaging windows can be compared too.
-D256 = ["model.d_model=256", "model.d_ff=1024", "precision=bf16", "warmup=200"]
+D256 = ["model.d_model=256", "model.d_ff=1024", "precision=bf16", "optim.warmup=200"]
 BF16 = ["precision=bf16", "keep_last=20"]
 TRIALS = {
     "current": [],
     "d256": D256,
-    "d256-lr2": [*D256, "lr_factor=1.4"],
-    "d256-4k": [*D256, "max_tokens=4000"],
-    "d128-4k": ["max_tokens=4000", "warmup=200", "lr_factor=1.0"],
-    "d128-lr": ["lr_factor=1.4", "warmup=200"],
-    "d384": ["model.d_model=384", "model.d_ff=1536", "model.h=6", "precision=bf16", "warmup=300"],
+    "d256-lr2": [*D256, "optim.lr_factor=1.4"],
+    "d256-4k": [*D256, "optim.max_tokens=4000"],
+    "d128-4k": ["optim.max_tokens=4000", "optim.warmup=200", "optim.lr_factor=1.0"],
+    "d128-lr": ["optim.lr_factor=1.4", "optim.warmup=200"],
+    "d384": [
+        "model.d_model=384",
+        "model.d_ff=1536",
+        "model.h=6",
+        "precision=bf16",
+        "optim.warmup=300",
+    ],
     "d256-drop2": [*D256, "model.dropout=0.2"],
     # round 2: bfloat16
     "bf16": BF16,
-    "bf16-lr1": [*BF16, "lr_factor=1.0", "warmup=200"],
-    "bf16-3k": [*BF16, "max_tokens=3000"],
-    "bf16-v4k": [*BF16, "vocab=4000"],
-    "bf16-d192": [*BF16, "model.d_model=192", "model.d_ff=768", "warmup=150"],
-    "bf16-d256": [*BF16, "model.d_model=256", "model.d_ff=1024", "warmup=200"],
+    "bf16-lr1": [*BF16, "optim.lr_factor=1.0", "optim.warmup=200"],
+    "bf16-3k": [*BF16, "optim.max_tokens=3000"],
+    "bf16-v4k": [*BF16, "data.vocab=4000"],
+    "bf16-d192": [*BF16, "model.d_model=192", "model.d_ff=768", "optim.warmup=150"],
+    "bf16-d256": [*BF16, "model.d_model=256", "model.d_ff=1024", "optim.warmup=200"],
     "bf16-N4": [*BF16, "model.N=4"],
     "bf16-N2": [*BF16, "model.N=2"],
     "bf16-drop0": [*BF16, "model.dropout=0.0"],
     "bf16-drop2": [*BF16, "model.dropout=0.2"],
-    "bf16-ls0": [*BF16, "label_smoothing=0.0"],
+    "bf16-ls0": [*BF16, "optim.label_smoothing=0.0"],
     # round 3: the best of round 2 together
-    "bf16-N2-lr1": [*BF16, "model.N=2", "lr_factor=1.0", "warmup=200"],
-    "bf16-N2-3k": [*BF16, "model.N=2", "max_tokens=3000"],
+    "bf16-N2-lr1": [*BF16, "model.N=2", "optim.lr_factor=1.0", "optim.warmup=200"],
+    "bf16-N2-3k": [*BF16, "model.N=2", "optim.max_tokens=3000"],
     "bf16-N2-drop0": [*BF16, "model.N=2", "model.dropout=0.0"],
 }
 # name -> the --set overrides applied to `multi30k`, the GPU profile (chapter 9b), in the paper's
@@ -81,13 +87,13 @@ TRIALS = {
 # collapsed; the trials lower the peak, lengthen the warm-up, clip gradients, lower dropout.
 POST = ["model.norm_first=false", "checkpoint_every=100"]  # short trials: average late checkpoints
 GPU_TRIALS = {
-    "post-lr0.5": [*POST, "lr_factor=0.5"],
-    "post-lr0.35": [*POST, "lr_factor=0.35"],
-    "post-lr0.5-clip1": [*POST, "lr_factor=0.5", "max_grad_norm=1.0"],
-    "post-lr1-clip1": [*POST, "max_grad_norm=1.0"],
-    "post-w4k": [*POST, "warmup=4000"],
-    "post-lr0.5-drop0.1": [*POST, "lr_factor=0.5", "model.dropout=0.1"],
-    "post-lr0.7-w2k": [*POST, "lr_factor=0.7", "warmup=2000"],
+    "post-lr0.5": [*POST, "optim.lr_factor=0.5"],
+    "post-lr0.35": [*POST, "optim.lr_factor=0.35"],
+    "post-lr0.5-clip1": [*POST, "optim.lr_factor=0.5", "optim.max_grad_norm=1.0"],
+    "post-lr1-clip1": [*POST, "optim.max_grad_norm=1.0"],
+    "post-w4k": [*POST, "optim.warmup=4000"],
+    "post-lr0.5-drop0.1": [*POST, "optim.lr_factor=0.5", "model.dropout=0.1"],
+    "post-lr0.7-w2k": [*POST, "optim.lr_factor=0.7", "optim.warmup=2000"],
     "pre": ["model.norm_first=true", "checkpoint_every=100"],
 }
 SWEEPS = {  # profile -> (its trials, the folder of its records)

@@ -74,7 +74,7 @@ def evaluate_run(
         report["tests"][name] = {
             "sentences": len(pairs),
             "of": len(every),
-            **score_translations(hyps, [t for _, t in pairs], cfg.pair.split("-")[1]),
+            **score_translations(hyps, [t for _, t in pairs], cfg.data.target_language()),
             "decode_seconds": time.time() - start,
         }
         report["translations"][name] = [

@@ -45,8 +45,8 @@ VARIATIONS: dict[str, list[str]] = {
     "(C) d_ff=1024": ["model.d_ff=1024"],
     "(D) dropout=0": ["model.dropout=0"],
     "(D) dropout=0.2": ["model.dropout=0.2"],
-    "(D) smoothing=0": ["label_smoothing=0"],
-    "(D) smoothing=0.2": ["label_smoothing=0.2"],
+    "(D) smoothing=0": ["optim.label_smoothing=0"],
+    "(D) smoothing=0.2": ["optim.label_smoothing=0.2"],
     "(E) learned positions": ["model.learned_positions=true"],
 }
 GRIDS = {"full": list(VARIATIONS), "ci": ["base", "(A) h=1", "(D) smoothing=0"]}

@@ -2,8 +2,12 @@
 
 # %% auto #0
 __all__ = [
-    "FILL",
+    "D",
+    "BUCKET_FILL",
+    "OptimConfig",
+    "TaskData",
     "TrainConfig",
+    "task_data",
     "validate_config",
     "micro_batches_per_process",
     "apply_overrides",
@@ -17,7 +21,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from ..model import ModelConfig
@@ -27,30 +31,49 @@ from .distributed import all_sum
 
 # %% ../../notebooks/06c_trainer.ipynb #c004
 @dataclass
-class TrainConfig:
-    """Everything that defines a training run. Paper values are noted; the copy task's are small."""
+class OptimConfig:
+    """How the weights are fitted: the batch (paper 5.1), Adam and its schedule (5.3), the loss
+    (5.4). Paper values are the defaults."""
 
-    task: str = "copy"  # which data: see TASKS
-    model: ModelConfig = field(default_factory=ModelConfig)
-    vocab: int = 13  # copy: symbols 3..vocab-1; real data: BPE size (WMT14: 0 = the pair's own)
-    pair: str = "en-de"  # WMT14 only: "en-de" or "en-fr"
-    data: str = ""  # WMT14 only: "full", "sample", or "" = full on a GPU, the sample elsewhere
-    # optimiser and schedule (paper 5.3): Adam(0.9, 0.98, 1e-9), lrate = factor * rate(step)
+    # batching (5.1): ~25,000 source + 25,000 target tokens per step on 8 GPUs
+    max_tokens: int = 4096  # padded tokens per micro-batch and side (real data)
+    tokens_per_step: int = 0  # real tokens per step and side, all processes (0 = off)
+    accum: int = 1  # micro-batches per process and step; 0 = what tokens_per_step needs
+    # Adam(0.9, 0.98, 1e-9), lrate = lr_factor * rate(step) (5.3)
     lr_factor: float = 1.0
     warmup: int = 4000
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
     max_grad_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
-    label_smoothing: float = 0.1  # paper 5.4
-    # batching (paper 5.1): ~25,000 source + 25,000 target tokens per step on 8 GPUs
-    batch_sentences: int = 64  # copy task: sentences per micro-batch
-    max_tokens: int = 4096  # real data: padded tokens per micro-batch and side
-    tokens_per_step: int = 0  # WMT14: real tokens per step and side, all processes (0 = off)
-    accum: int = 1  # micro-batches per process and step; 0 = what tokens_per_step needs
+    label_smoothing: float = 0.1  # 5.4
+
+
+@dataclass
+class TaskData:
+    """A task's own data settings. Each task subclasses it with its fields (the copy task's
+    vocabulary and sentences per batch, WMT14's language pair), so no task sees another's."""
+
+    def rules(self) -> list[tuple[bool, str, str]]:
+        """(holds, key, why) for this task's fields; see validate_config."""
+        return []
+
+    def target_language(self) -> str:
+        return "de"  # the book's tasks translate into German unless they say otherwise
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run: the task and its data, the model, the
+    optimisation, and how long the run lasts and what it writes."""
+
+    task: str = "copy"  # which task: see the registry's TASKS
+    data: TaskData = field(default_factory=TaskData)  # the task's own settings
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    # the run
     max_steps: int = 100_000  # paper: 100k steps (base), 300k (big)
     max_minutes: float = 0.0  # also stop after this much training time, resumes included (0 = off)
-    # bookkeeping
     checkpoint_every: int = 1000  # steps between checkpoints (0 = only at the end)
     checkpoint_minutes: float = 0.0  # also checkpoint every N minutes (0 = off)
     keep_last: int = 5  # checkpoints kept (the paper averages the last 5 / 20)
@@ -63,8 +86,22 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (slower on the book's CPU; see chapter 6b)
 
 
+D = TypeVar("D", bound=TaskData)
+
+
+def task_data(cfg: TrainConfig, kind: type[D]) -> D:
+    """`cfg.data` as the task's own data settings, or a ConfigError that names both types."""
+    if not isinstance(cfg.data, kind):
+        raise ConfigError(
+            f"task {cfg.task!r} needs data settings of type {kind.__name__}, but the "
+            f"configuration holds {type(cfg.data).__name__}; start from a named configuration "
+            f"of that task (build_config), or pass data={kind.__name__}(...)."
+        )
+    return cfg.data
+
+
 # %% ../../notebooks/06c_trainer.ipynb #c006
-FILL = 0.9  # real tokens per padded token that a length-bucketed micro-batch can count on
+BUCKET_FILL = 0.9  # real tokens per padded token that a length-bucketed micro-batch holds
 
 
 def _convert(text: str, current, key: str):
@@ -114,25 +151,33 @@ def _model_rules(m) -> list[tuple[bool, str, str]]:
     ]
 
 
-def _optimiser_rules(cfg: TrainConfig) -> list[tuple[bool, str, str]]:
-    """(holds, key, why) for the loss and the optimiser."""
+def _optimiser_rules(o: OptimConfig) -> list[tuple[bool, str, str]]:
+    """(holds, key, why) for the batch, the loss and the optimiser."""
     return [
-        (0 <= cfg.label_smoothing < 1, "label_smoothing", "must lie in [0, 1)"),
+        (0 <= o.label_smoothing < 1, "optim.label_smoothing", "must lie in [0, 1)"),
         (
-            math.isfinite(cfg.max_grad_norm) and cfg.max_grad_norm >= 0,
-            "max_grad_norm",
+            math.isfinite(o.max_grad_norm) and o.max_grad_norm >= 0,
+            "optim.max_grad_norm",
             "must be 0 (no clipping) or a positive norm; a negative one would climb the loss",
         ),
         (
-            0 <= cfg.adam_beta1 < 1 and 0 <= cfg.adam_beta2 < 1 and cfg.adam_eps > 0,
-            "adam_beta1, adam_beta2, adam_eps",
+            0 <= o.adam_beta1 < 1 and 0 <= o.adam_beta2 < 1 and o.adam_eps > 0,
+            "optim.adam_beta1, optim.adam_beta2, optim.adam_eps",
             "the betas must lie in [0, 1) and adam_eps must be positive",
         ),
         (
-            math.isfinite(cfg.lr_factor) and cfg.lr_factor > 0,
-            "lr_factor",
+            math.isfinite(o.lr_factor) and o.lr_factor > 0,
+            "optim.lr_factor",
             "must be a positive number",
         ),
+        (o.warmup >= 1, "optim.warmup", "must be at least 1 (the schedule divides by it)"),
+        (
+            o.accum >= 1 or (o.accum == 0 and o.tokens_per_step >= 1),
+            "optim.accum",
+            "must be at least 1, or 0 (automatic) together with optim.tokens_per_step >= 1",
+        ),
+        (o.tokens_per_step >= 0, "optim.tokens_per_step", "must be 0 (off) or more"),
+        (o.max_tokens >= 1, "optim.max_tokens", "must be at least 1"),
     ]
 
 
@@ -140,25 +185,14 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
     """Refuse values that cannot train, with the key to change; returns cfg."""
     rules = [
         *_model_rules(cfg.model),
-        *_optimiser_rules(cfg),
+        *_optimiser_rules(cfg.optim),
+        *cfg.data.rules(),
         (
-            min(cfg.warmup, cfg.log_every, cfg.keep_last, cfg.max_steps) >= 1,
-            "warmup, log_every, keep_last, max_steps",
+            min(cfg.log_every, cfg.keep_last, cfg.max_steps) >= 1,
+            "log_every, keep_last, max_steps",
             "each must be at least 1",
         ),
-        (
-            cfg.accum >= 1 or (cfg.accum == 0 and cfg.tokens_per_step >= 1),
-            "accum",
-            "must be at least 1, or 0 (automatic) together with tokens_per_step >= 1",
-        ),
-        (cfg.tokens_per_step >= 0, "tokens_per_step", "must be 0 (off) or more"),
-        (cfg.data in ("", "full", "sample"), "data", "must be full, sample or empty"),
         (cfg.precision in PRECISIONS, "precision", "must be auto, fp32, bf16 or fp16"),
-        (
-            min(cfg.batch_sentences, cfg.max_tokens) >= 1,
-            "batch_sentences, max_tokens",
-            "must be at least 1",
-        ),
         (
             math.isfinite(cfg.max_minutes) and cfg.max_minutes >= 0,
             "max_minutes",
@@ -177,11 +211,12 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
 
 
 def micro_batches_per_process(cfg: TrainConfig, world: int) -> int:
-    """`cfg.accum`, or for accum=0 the fewest micro-batches per process that hold tokens_per_step
-    real tokens when each is filled to FILL of its padded size `max_tokens`."""
-    if cfg.accum:
-        return cfg.accum
-    return max(1, math.ceil(cfg.tokens_per_step / (world * FILL * cfg.max_tokens)))
+    """`optim.accum`, or for accum=0 the fewest micro-batches per process that hold
+    tokens_per_step real tokens when each is filled to BUCKET_FILL of its padded size."""
+    o = cfg.optim
+    if o.accum:
+        return o.accum
+    return max(1, math.ceil(o.tokens_per_step / (world * BUCKET_FILL * o.max_tokens)))
 
 
 def apply_overrides(cfg: TrainConfig, overrides=()) -> TrainConfig:
@@ -189,7 +224,7 @@ def apply_overrides(cfg: TrainConfig, overrides=()) -> TrainConfig:
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep:
-            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set warmup=4000")
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optim.warmup=4000")
         *path, leaf = key.strip().split(".")
         target: Any = cfg
         for part in path:
@@ -199,8 +234,15 @@ def apply_overrides(cfg: TrainConfig, overrides=()) -> TrainConfig:
             or not dataclasses.is_dataclass(target)
             or leaf not in {f.name for f in dataclasses.fields(target)}
         ):
-            raise ConfigError(f"--set {key}: unknown key; valid keys are: {', '.join(_keys(cfg))}")
-        setattr(target, leaf, _convert(text.strip(), getattr(target, leaf), key))
+            keys = _keys(cfg)
+            near = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]  # the same name, another part
+            hint = f"did you mean {' or '.join(near)}? " if near else ""
+            raise ConfigError(f"--set {key}: unknown key; {hint}valid keys are: {', '.join(keys)}")
+        current = getattr(target, leaf)
+        if dataclasses.is_dataclass(current):  # a part such as `optim`: one of its keys
+            group = ", ".join(_keys(current, f"{key}."))
+            raise ConfigError(f"--set {key}: {key} is a group of settings; set one of {group}")
+        setattr(target, leaf, _convert(text.strip(), current, key))
     return validate_config(cfg)
 
 

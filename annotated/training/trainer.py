@@ -40,10 +40,9 @@ from ..schedule import make_optimizer
 from ..training_step import loss_on_batch, train_step
 from .distributed import all_sum, finish_distributed, setup_distributed
 from .prefetch import Prefetcher
-from .progress import Progress, run_summary
 from .provenance import git_commit
-from .registry import TASKS, Task
-from .run_folder import read_json, record_run
+from .registry import TASKS, Task, config_from_record
+from .run_folder import Progress, read_json, record_run, run_summary
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c015
@@ -88,9 +87,9 @@ def _check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
         )
     run_file = out / "run.json"
     if run_file.exists():
-        saved = read_json(run_file).get("config", {})
+        saved = asdict(config_from_record(read_json(run_file)["config"]))
         mine = asdict(cfg)
-        what = ("task", "pair", "data", "model", "vocab", "seed")
+        what = ("task", "data", "model", "seed")
         differ = [k for k in what if saved.get(k) != mine.get(k)]
         if differ:
             raise TrainingError(
@@ -105,7 +104,7 @@ def _diverged(out: Path, step: int, what: str) -> TrainingError:
     last = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint was written"
     return TrainingError(
         f"the run diverged at step {step}: {what}. Nothing was saved for it; {last}. "
-        f"Lower lr_factor or raise warmup (--set ...), then --resume from that checkpoint "
+        f"Lower optim.lr_factor or raise optim.warmup (--set ...), then --resume from it "
         f"or restart."
     )
 
@@ -140,14 +139,14 @@ def build_run(cfg: TrainConfig, world: int, device: torch.device) -> Run:
     optimizer, scheduler = make_optimizer(
         model,
         d_model=cfg.model.d_model,
-        factor=cfg.lr_factor,
-        warmup=cfg.warmup,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        eps=cfg.adam_eps,
+        factor=cfg.optim.lr_factor,
+        warmup=cfg.optim.warmup,
+        betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
+        eps=cfg.optim.adam_eps,
         fused=True if cfg.fused_adam else None,
     )
     loss = FusedLabelSmoothing if cfg.fast else LabelSmoothing
-    criterion = loss(task.tgt_vocab, PAD, cfg.label_smoothing)
+    criterion = loss(task.tgt_vocab, PAD, cfg.optim.label_smoothing)
     return Run(task, model, optimizer, scheduler, criterion, accum)
 
 
@@ -192,7 +191,7 @@ def run_step(run: Run, model, cfg: TrainConfig, rank: int, world: int, device, b
         total_tokens=total_tokens,
         world_size=world,
         precision=run.precision,
-        max_grad_norm=cfg.max_grad_norm or None,
+        max_grad_norm=cfg.optim.max_grad_norm or None,
     )
     run.step += 1
     return all_sum(stats["loss_sum"], world, device) / total_tokens, lr, total_tokens

@@ -3,6 +3,7 @@
 # %% auto #0
 __all__ = [
     "multi30k_tokenizer",
+    "Multi30kData",
     "Multi30kTask",
     "multi30k_config",
     "multi30k_small_config",
@@ -16,7 +17,7 @@ __all__ = [
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ...batching import BOS, EOS, Batch, TokenBatchSampler, make_batch
@@ -24,7 +25,7 @@ from ...data.download import cache_dir
 from ...data.multi30k import load_multi30k
 from ...data.tokenizer import TOKENIZER_OPTIONS, Tokenizer, load_tokenizer, train_tokenizer
 from ...model import ModelConfig
-from ..config import TrainConfig
+from ..config import OptimConfig, TaskData, TrainConfig, task_data
 
 
 # %% ../../../notebooks/09_multi30k.ipynb #c008
@@ -41,32 +42,44 @@ def multi30k_tokenizer(vocab_size: int = 8000, pairs=None) -> Tokenizer:
 
 
 # %% ../../../notebooks/09_multi30k.ipynb #c011a
+@dataclass
+class Multi30kData(TaskData):
+    """Multi30k's own setting: the size of the shared English-German subword vocabulary."""
+
+    vocab: int = 8000
+
+    def rules(self) -> list[tuple[bool, str, str]]:
+        return [(self.vocab >= 100, "data.vocab", "must be at least 100 subword pieces")]
+
+
 class Multi30kTask:
     """Multi30k en->de; micro-batch g = step * per_step + index, counted through the epochs."""
+
+    Data: ClassVar[type[TaskData]] = Multi30kData  # its part of a TrainConfig
 
     def __init__(self, cfg: TrainConfig):
         self.cfg, self.per_step = cfg, 1
         pairs = load_multi30k("train")
-        self.tokenizer = multi30k_tokenizer(cfg.vocab, pairs)
+        self.tokenizer = multi30k_tokenizer(task_data(cfg, Multi30kData).vocab, pairs)
         self.src_vocab = self.tgt_vocab = self.tokenizer.vocab_size
         limit = cfg.model.max_len
         self.src = [self.tokenizer.encode(s)[: limit - 1] + [EOS] for s, _ in pairs]
         self.tgt = [[BOS] + self.tokenizer.encode(t)[: limit - 2] + [EOS] for _, t in pairs]
         self.sampler = TokenBatchSampler(
-            [(len(s), len(t)) for s, t in zip(self.src, self.tgt)], cfg.max_tokens, seed=cfg.seed
+            [(len(s), len(t)) for s, t in zip(self.src, self.tgt)],
+            cfg.optim.max_tokens,
+            seed=cfg.seed,
         )
         self._epochs: list[list[list[int]]] = []
 
-    test_sets: ClassVar[
-        Mapping[str, Callable[..., Any]]
-    ] = {  # name -> (cfg) -> [(source, reference)]
+    test_sets: ClassVar[Mapping[str, Callable[..., Any]]] = {  # name -> (cfg) -> [(src, ref)]
         "test2016": lambda cfg: load_multi30k("test_2016_flickr"),
         "test2017": lambda cfg: load_multi30k("test_2017_flickr"),
     }
 
     @staticmethod
     def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
-        return multi30k_tokenizer(cfg.vocab)
+        return multi30k_tokenizer(task_data(cfg, Multi30kData).vocab)
 
     def epoch(self, e: int) -> list[list[int]]:
         while len(self._epochs) <= e:
@@ -90,13 +103,11 @@ def multi30k_config() -> TrainConfig:
     less well (`multi30k_postnorm_config`, chapter 9b)."""
     return TrainConfig(
         task="multi30k",
-        vocab=8000,
+        data=Multi30kData(vocab=8000),
         model=ModelConfig(
             N=6, d_model=512, d_ff=2048, h=8, dropout=0.3, norm_first=True, max_len=256
         ),
-        lr_factor=1.0,
-        warmup=1000,
-        max_tokens=12000,
+        optim=OptimConfig(lr_factor=1.0, warmup=1000, max_tokens=12000),
         max_steps=3000,
         checkpoint_every=250,
         keep_last=5,
@@ -109,15 +120,13 @@ def multi30k_small_config() -> TrainConfig:
     Table 3 rows and the starting point of the CPU profile. Deviates from the paper in size and
     in using pre-norm (norm_first=True): post-norm needs a long warm-up, which a short run
     cannot afford."""
+    full = multi30k_config()
     return replace(
-        multi30k_config(),
+        full,
         model=ModelConfig(
             N=3, d_model=128, d_ff=512, h=4, dropout=0.1, norm_first=True, max_len=256
         ),
-        lr_factor=0.7,
-        warmup=100,
-        max_grad_norm=0.0,
-        max_tokens=2000,
+        optim=replace(full.optim, lr_factor=0.7, warmup=100, max_grad_norm=0.0, max_tokens=2000),
         max_steps=1400,
         checkpoint_every=20,
         log_every=10,
@@ -129,7 +138,10 @@ def multi30k_cpu_config() -> TrainConfig:
     of training on 2 cores in bfloat16. Chosen by the sweep in results/multi30k-cpu-sweep."""
     small = multi30k_small_config()
     return replace(
-        small, model=replace(small.model, N=2), lr_factor=1.0, warmup=200, max_steps=2600
+        small,
+        model=replace(small.model, N=2),
+        optim=replace(small.optim, lr_factor=1.0, warmup=200),
+        max_steps=2600,
     )
 
 
@@ -141,8 +153,7 @@ def multi30k_postnorm_config() -> TrainConfig:
     return replace(
         full,
         model=replace(full.model, norm_first=False),
-        lr_factor=0.5,
-        max_grad_norm=1.0,
+        optim=replace(full.optim, lr_factor=0.5, max_grad_norm=1.0),
         max_steps=6000,
         max_minutes=8.0,
     )

@@ -2,6 +2,7 @@
 
 # %% auto #0
 __all__ = [
+    "Wmt14Data",
     "prepare_for",
     "Wmt14Task",
     "wmt14_base_config",
@@ -14,7 +15,7 @@ __all__ = [
 # about `tokens_per_step` real tokens a side per optimiser step, and the paper's configurations.
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,25 +24,46 @@ from ...batching import BOS, EOS, Batch, BucketSampler, make_batch
 from ...data.preparation import Prepared, prepare_wmt14
 from ...data.tokenizer import Tokenizer
 from ...data.wmt14 import WMT14_PAIRS
-from ...errors import ConfigError
 from ...model import ModelConfig
-from ..config import TrainConfig
+from ..config import OptimConfig, TaskData, TrainConfig, task_data
 
 
 # %% ../../../notebooks/11_wmt14_training.ipynb #c020
+@dataclass
+class Wmt14Data(TaskData):
+    """WMT14's own settings: the language pair, the scale, and the vocabulary size."""
+
+    pair: str = "en-de"  # "en-de" or "en-fr"
+    scale: str = ""  # "full", "sample", or "" = full on a GPU, the sample elsewhere
+    vocab: int = 0  # BPE pieces; 0 = the pair's own (37,000 en-de, 32,000 en-fr)
+
+    def rules(self) -> list[tuple[bool, str, str]]:
+        return [
+            (
+                self.pair in WMT14_PAIRS,
+                "data.pair",
+                f"{self.pair!r} is not a WMT14 language pair; choose one of "
+                f"{', '.join(WMT14_PAIRS)}",
+            ),
+            (self.scale in ("", "full", "sample"), "data.scale", "must be full, sample or empty"),
+            (self.vocab >= 0, "data.vocab", "must be 0 (the pair's own) or a size"),
+        ]
+
+    def target_language(self) -> str:
+        return self.pair.split("-")[1]
+
+
 def prepare_for(cfg: TrainConfig) -> Prepared:
     """The prepared WMT14 data of a configuration: its pair, its scale, its vocabulary size."""
-    if cfg.pair not in WMT14_PAIRS:
-        raise ConfigError(
-            f"pair: {cfg.pair!r} is not a WMT14 language pair; choose one of "
-            f"{', '.join(WMT14_PAIRS)} (--set pair=en-fr)."
-        )
-    return prepare_wmt14(cfg.pair, cfg.data or None, vocab_size=cfg.vocab or None)
+    data = task_data(cfg, Wmt14Data)
+    return prepare_wmt14(data.pair, data.scale or None, vocab_size=data.vocab or None)
 
 
 class Wmt14Task:
-    """WMT14 `cfg.pair` at scale `cfg.data`. Micro-batch g = step * per_step + index, counted
-    through the epochs; each holds about tokens_per_step / per_step real tokens a side."""
+    """WMT14 `cfg.data.pair` at scale `cfg.data.scale`. Micro-batch g = step * per_step + index,
+    counted through the epochs; each holds about tokens_per_step / per_step real tokens a side."""
+
+    Data: ClassVar[type[TaskData]] = Wmt14Data  # its part of a TrainConfig
 
     def __init__(self, cfg: TrainConfig):
         self.cfg, self.per_step = cfg, 1
@@ -54,9 +76,7 @@ class Wmt14Task:
         self._sizes: list[int] = []  # micro-batches in each epoch met so far
         self._epoch: tuple[int, list[np.ndarray]] = (-1, [])
 
-    test_sets: ClassVar[
-        Mapping[str, Callable[..., Any]]
-    ] = {  # name -> (cfg) -> [(source, reference)]
+    test_sets: ClassVar[Mapping[str, Callable[..., Any]]] = {  # name -> (cfg) -> [(src, ref)]
         "newstest2014": lambda cfg: prepare_for(cfg).test_set("test"),
         "newstest2013": lambda cfg: prepare_for(cfg).test_set("dev"),
     }
@@ -68,12 +88,11 @@ class Wmt14Task:
     @property
     def sampler(self) -> BucketSampler:  # built at first use: the trainer sets per_step first
         if self._sampler is None:
-            c = self.cfg
-            budget = (
-                math.ceil(c.tokens_per_step / self.per_step) if c.tokens_per_step else c.max_tokens
-            )
+            o, seed, max_len = self.cfg.optim, self.cfg.seed, self.cfg.model.max_len
+            step = o.tokens_per_step
+            budget = math.ceil(step / self.per_step) if step else o.max_tokens
             self._sampler = BucketSampler(
-                self.lengths, budget, c.max_tokens, max_len=c.model.max_len, seed=c.seed
+                self.lengths, budget, o.max_tokens, max_len=max_len, seed=seed
             )
         return self._sampler
 
@@ -106,15 +125,17 @@ def wmt14_base_config() -> TrainConfig:
     a side, post-norm, warm-up 4,000, label smoothing 0.1, Adam (0.9, 0.98, 1e-9)."""
     return TrainConfig(
         task="wmt14",
-        pair="en-de",
-        vocab=0,  # the pair's own: 37,000 at full scale, 8,000 on the sample
+        # vocab 0: the pair's own, 37,000 at full scale, 8,000 on the sample
+        data=Wmt14Data(pair="en-de", vocab=0),
         model=ModelConfig(N=6, d_model=512, d_ff=2048, h=8, dropout=0.1, max_len=1024),
-        lr_factor=1.0,
-        warmup=4000,
-        label_smoothing=0.1,
-        tokens_per_step=25_000,
-        max_tokens=8192,
-        accum=0,  # as many micro-batches per GPU as 25,000 tokens need
+        optim=OptimConfig(
+            lr_factor=1.0,
+            warmup=4000,
+            label_smoothing=0.1,
+            tokens_per_step=25_000,
+            max_tokens=8192,
+            accum=0,  # as many micro-batches per GPU as 25,000 tokens need
+        ),
         max_steps=100_000,
         checkpoint_every=1400,  # the paper's 10 minutes: 100k steps took 12 hours
         checkpoint_minutes=10.0,
@@ -137,4 +158,8 @@ def wmt14_big_config() -> TrainConfig:
 def wmt14_enfr_big_config() -> TrainConfig:
     """Transformer big on WMT14 en-fr: dropout 0.1 (section 6.1) and a 32,000-piece vocabulary."""
     big = wmt14_big_config()
-    return replace(big, pair="en-fr", model=replace(big.model, dropout=0.1))
+    return replace(
+        big,
+        data=replace(task_data(big, Wmt14Data), pair="en-fr"),
+        model=replace(big.model, dropout=0.1),
+    )
