@@ -18,7 +18,11 @@ BASE = "multi30k-small"
 def changed(name: str) -> dict:
     """The fields of the configuration that a row changes, with their new values."""
     base, row = asdict(build_config(BASE)), asdict(build_config(BASE, VARIATIONS[name]))
-    flat = lambda c: {**{f"model.{k}": v for k, v in c.pop("model").items()}, **c}
+
+    def flat(c: dict) -> dict:  # {"model": {"h": 4}} -> {"model.h": 4}, for every part
+        parts = {f"{p}.{k}": v for p in ("model", "optim", "data") for k, v in c.pop(p).items()}
+        return {**parts, **c}
+
     base, row = flat(base), flat(row)
     return {k: v for k, v in row.items() if base[k] != v}
 
@@ -32,7 +36,7 @@ def test_each_row_changes_what_its_name_says():
         if name.startswith("(B)"):
             assert changed(name) == {"model.d_k": int(name.split("=")[1])}
     assert changed("(C) d_model=256") == {"model.d_model": 256, "model.d_ff": 1024}
-    assert changed("(D) smoothing=0") == {"label_smoothing": 0.0}
+    assert changed("(D) smoothing=0") == {"optim.label_smoothing": 0.0}
     assert changed("(D) dropout=0.2") == {"model.dropout": 0.2}
     assert changed("(E) learned positions") == {"model.learned_positions": True}
     assert GRIDS["full"] == list(VARIATIONS) and set(GRIDS["ci"]) <= set(VARIATIONS)

@@ -216,7 +216,7 @@ def test_nan_loss_stops_without_overwriting_the_good_checkpoint(tmp_path):
         check=False,
     )
     msg = error_of(r)
-    assert "the loss became" in msg and "Lower lr_factor" in msg
+    assert "the loss became" in msg and "Lower optim.lr_factor" in msg
     after = sorted((out / "checkpoints").glob("*.pt"))
     for (
         p
