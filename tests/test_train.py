@@ -523,3 +523,30 @@ def test_the_averaged_window_is_the_papers_where_a_base_step_takes_under_0_43_s(
     assert any(step % 1400 for step in slow[:-1])
     exact = build_config("wmt14-base", ["checkpoint_minutes=0"])
     assert kept_steps(exact, 0.44, monkeypatch) == paper
+
+
+def test_only_the_trainers_checkpoints_count_and_each_must_be_this_runs(tmp_path):
+    """A hand-made ckpt_best.pt is neither resumed from nor pruned; a renamed checkpoint, and a
+    checkpoint of another run under a numbered name, are refused before anything is loaded."""
+    out, folder = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    tiny_copy(out, *sets("max_steps=4", "checkpoint_every=1"))
+    best = folder / "ckpt_best.pt"
+    best.write_bytes((folder / "ckpt_00000002.pt").read_bytes())
+    r = tiny_copy(out, *sets("max_steps=6", "checkpoint_every=1", "keep_last=2"), "--resume")
+    assert "ckpt_best.pt: not checkpoints of this trainer, left alone" in r.stderr
+    assert json.loads((out / "run.json").read_text())["from_step"] == 4  # not best's step 2
+    assert best.exists() and [p.name for p in sorted(folder.glob("ckpt_0*.pt"))] == [
+        "ckpt_00000005.pt",
+        "ckpt_00000006.pt",
+    ]
+    renamed = folder / "ckpt_00000099.pt"
+    renamed.write_bytes((folder / "ckpt_00000006.pt").read_bytes())
+    msg = error_of(tiny_copy(out, *sets("max_steps=100"), "--resume", check=False))
+    assert "is named for step 99 but holds step 6" in msg and "Move it out of" in msg
+    renamed.unlink()
+    other = tmp_path / "other"
+    tiny_copy(other, *sets("max_steps=7", "seed=1"))
+    (folder / "ckpt_00000007.pt").write_bytes((other / "checkpoints/ckpt_00000007.pt").read_bytes())
+    msg = error_of(tiny_copy(out, *sets("max_steps=8"), "--resume", check=False))
+    assert "ckpt_00000007.pt was written by another run: its seed differ" in msg
+    assert (folder / "ckpt_00000005.pt").exists()  # nothing of the run was pruned for it

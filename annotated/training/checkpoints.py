@@ -2,8 +2,10 @@
 
 # %% auto #0
 __all__ = [
+    "CHECKPOINT_NAME",
     "CHECKPOINT_KEYS",
     "checkpoint_paths",
+    "checkpoint_step",
     "save_checkpoint",
     "load_checkpoint",
     "load_weights",
@@ -15,6 +17,7 @@ __all__ = [
 # %% ../../notebooks/06c_trainer.ipynb #c002c
 # Checkpoints that resume exactly, written atomically (appendix A1).
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -23,10 +26,22 @@ import torch
 from ..errors import TrainingError
 from ..files import atomic_path
 
-
 # %% ../../notebooks/06c_trainer.ipynb #c013b
+CHECKPOINT_NAME = re.compile(r"ckpt_(\d{8})\.pt")  # the step, eight digits
+
+
 def checkpoint_paths(out: Path) -> list[Path]:
-    return sorted((out / "checkpoints").glob("ckpt_*.pt"))
+    """The run's checkpoints, oldest first. Only names of the trainer's own pattern count: any
+    other file in checkpoints/ (a hand-made ckpt_best.pt, say) is left alone."""
+    found = (out / "checkpoints").glob("ckpt_*.pt")
+    return sorted(p for p in found if CHECKPOINT_NAME.fullmatch(p.name))
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step that a checkpoint's name gives."""
+    match = CHECKPOINT_NAME.fullmatch(path.name)
+    assert match, path  # only names from checkpoint_paths come here
+    return int(match.group(1))
 
 
 def _bytes_of(state) -> int:

@@ -15,6 +15,7 @@ from torch import nn
 from annotated.training.checkpoints import (
     all_finite,
     checkpoint_paths,
+    checkpoint_step,
     load_checkpoint,
     load_weights,
     restore_rng_state,
@@ -27,6 +28,13 @@ from annotated.training.config import (
     micro_batches_per_process,
     out_of_time,
     validate_config,
+)
+from annotated.training.run_folder import (
+    Progress,
+    check_run_folder,
+    record_run,
+    run_differences,
+    run_summary,
 )
 
 from ..batching import PAD
@@ -41,8 +49,7 @@ from ..training_step import loss_on_batch, train_step
 from .distributed import all_sum, finish_distributed, setup_distributed
 from .prefetch import Prefetcher
 from .provenance import git_commit
-from .registry import TASKS, Task, config_from_record
-from .run_folder import Progress, read_json, record_run, run_summary
+from .registry import TASKS, Task
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c015
@@ -67,36 +74,6 @@ def run_precision(
     if saved is not None and saved["name"] == name:
         precision.load_state_dict(saved)  # the fp16 scaler's state: a resumed run stays exact
     return precision
-
-
-def _check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
-    """The checkpoint to resume from (or None); refuse to mix two runs in one folder."""
-    for stale in (out / "checkpoints").glob("*.tmp"):  # left by a killed run; we hold the lock
-        stale.unlink()
-    existing = checkpoint_paths(out)
-    if not resume:
-        if existing:
-            raise TrainingError(
-                f"{out} already holds checkpoints ({existing[-1].name}) of a run; pass --resume to "
-                f"continue it, or choose another --out."
-            )
-        return None
-    if not existing:
-        raise TrainingError(
-            f"--resume: no checkpoint in {out / 'checkpoints'}; run without --resume to start."
-        )
-    run_file = out / "run.json"
-    if run_file.exists():
-        saved = asdict(config_from_record(read_json(run_file)["config"]))
-        mine = asdict(cfg)
-        what = ("task", "data", "model", "seed")
-        differ = [k for k in what if saved.get(k) != mine.get(k)]
-        if differ:
-            raise TrainingError(
-                f"{out} holds a run with a different {', '.join(differ)}; resume it with its own "
-                f"configuration or choose another --out."
-            )
-    return existing[-1]
 
 
 def _diverged(out: Path, step: int, what: str) -> TrainingError:
@@ -151,9 +128,20 @@ def build_run(cfg: TrainConfig, world: int, device: torch.device) -> Run:
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c015b3
-def _resume(run: Run, path: Path) -> dict | None:
+def _resume(run: Run, path: Path, cfg: TrainConfig) -> dict | None:
     """Load the checkpoint at `path` into `run` -> its saved precision state (or None)."""
     state = load_checkpoint(path)
+    if int(state["step"]) != checkpoint_step(path):
+        raise TrainingError(
+            f"{path} is named for step {checkpoint_step(path)} but holds step {state['step']}: "
+            f"a renamed or copied file. Move it out of {path.parent}, then --resume again."
+        )
+    differ = run_differences(state["config"], cfg) if isinstance(state.get("config"), dict) else []
+    if differ:
+        raise TrainingError(
+            f"{path} was written by another run: its {', '.join(differ)} differ from this "
+            f"run's. Move it out of {path.parent}, then --resume again."
+        )
     fingerprint = run.task.tokenizer.fingerprint
     if state["tokenizer"] != fingerprint:
         raise TrainingError(
@@ -262,9 +250,9 @@ def _train_locked(
     progress: bool,
     command: str | None,
 ) -> dict:
-    resume_from = _check_out_dir(out, cfg, resume)
+    resume_from = check_run_folder(out, cfg, resume)
     run = build_run(cfg, world, device)
-    saved = _resume(run, resume_from) if resume_from is not None else None
+    saved = _resume(run, resume_from, cfg) if resume_from is not None else None
     precision = run.precision = run_precision(cfg, run, device, world, saved)
     if rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
