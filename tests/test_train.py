@@ -550,3 +550,62 @@ def test_only_the_trainers_checkpoints_count_and_each_must_be_this_runs(tmp_path
     msg = error_of(tiny_copy(out, *sets("max_steps=8"), "--resume", check=False))
     assert "ckpt_00000007.pt was written by another run: its seed differ" in msg
     assert (folder / "ckpt_00000005.pt").exists()  # nothing of the run was pruned for it
+
+
+def test_sigterm_saves_the_step_it_finished_and_the_run_resumes_exactly(tmp_path):
+    """What SLURM and Kubernetes send before a kill: the trainer finishes its step, saves it,
+    says how to continue and exits with its own code (75); the resumed run equals one that was
+    never stopped, and nothing after the last checkpoint interval is lost."""
+    out = tmp_path / "stopped"
+    proc, args = endless_run(out, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(0.5)  # somewhere between two checkpoints (every 5 steps)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75 and "Traceback" not in err, (proc.returncode, err)
+    step = int(re.search(r"stopped by SIGTERM at step (\d+), after saving", err).group(1))
+    assert "--resume" in err and checkpoint_names(out)[-1] == f"ckpt_{step:08d}.pt"
+    more = [*args[: args.index("--out")], *sets(f"max_steps={step + 3}")]
+    run_trainer(*more, "--out", str(out), "--resume")
+    run_trainer(*more, "--out", str(tmp_path / "straight"))
+    a, b = final_weights(tmp_path / "straight"), final_weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def checkpoint_names(out: Path) -> list[str]:
+    return [p.name for p in sorted((out / "checkpoints").glob("ckpt_*.pt"))]
+
+
+TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+TORCHRUN_2 += ["2", "-m"]
+
+
+def test_sigterm_to_torchrun_stops_both_processes_at_one_saved_step(tmp_path):
+    """SIGTERM to torchrun reaches both processes; they agree on the step, the first saves it,
+    and the two-process run resumed from it equals one that was never stopped."""
+    out = tmp_path / "stopped"
+    args = ["--config", "copy", *TINY, *sets("max_steps=100000", "checkpoint_every=5")]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    cmd = [*TORCHRUN_2, "annotated.cli.train", "--no-progress", *args, "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not checkpoint_names(out) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    steps = {int(s) for s in re.findall(r"stopped by SIGTERM at step (\d+)", err)}
+    assert len(steps) == 1 and err.count("stopped by SIGTERM") == 2, err[-3000:]
+    (step,) = steps
+    assert checkpoint_names(out)[-1] == f"ckpt_{step:08d}.pt"
+    more = [*args, *sets(f"max_steps={step + 2}")]
+    run_trainer(*more, "--out", str(out), "--resume", launcher=TORCHRUN_2, CUDA_VISIBLE_DEVICES="")
+    run_trainer(*more, "--out", str(tmp_path / "straight"), launcher=TORCHRUN_2,
+                CUDA_VISIBLE_DEVICES="")  # fmt: skip
+    a, b = final_weights(tmp_path / "straight"), final_weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -4,8 +4,10 @@ command line. Everything runs on the shared 10k-pair sample, on CPU."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -325,3 +327,41 @@ def test_measure_throughput_reports_a_step():
     )
     assert 0 < m["mfu"] < 1 and m["micro_batches_per_step"] == 1
     assert m["projected_hours"] == pytest.approx(cfg.max_steps * m["seconds_per_step"] / 3600)
+
+
+def test_slurm_script_requeues_itself_and_stops_the_trainers_before_the_time_limit(tmp_path):
+    """SLURM's USR1 ahead of the time limit: the script asks for a requeue and passes SIGTERM
+    on, and exits with the trainers' own code. srun, scontrol and python are stand-ins here:
+    the trainer's stand-in exits 75 on SIGTERM, as the real one does after saving."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    fakes = {
+        "srun": 'while [[ "$1" == --* ]]; do shift; done; exec "$@"',
+        "scontrol": f'echo "scontrol $*" >> {log}; [ "$1" = show ] && echo node1; true',
+        "python": f'echo "python $*" >> {log}\n'
+        'if [[ "$*" == *annotated.cli.train* ]]; then\n'
+        f"  trap 'echo \"trainer got TERM\" >> {log}; exit 75' TERM\n"
+        "  while true; do sleep 0.1; done\nfi",
+    }
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(slurm_script("wmt14-base", str(tmp_path / "run"), nodes=1))
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="42")
+    job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, start_new_session=True)
+    deadline = time.time() + 30
+    try:
+        while "annotated.cli.train" not in (log.read_text() if log.exists() else ""):
+            assert time.time() < deadline and job.poll() is None, "the trainer never started"
+            time.sleep(0.05)
+        job.send_signal(signal.SIGUSR1)
+        assert job.wait(timeout=30) == 75
+    finally:
+        try:  # whatever happened, nothing of the job outlives the test
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    calls = log.read_text()
+    assert "scontrol requeue 42" in calls and "trainer got TERM" in calls, calls
+    assert "#SBATCH --requeue" in script.read_text() and "--signal=B:USR1@300" in script.read_text()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..errors import ExpectedError
+from ..errors import ExpectedError, Preempted
 from ..experiments.plots import save_run_plot
 from ..training.registry import CONFIGS, build_config
 from ..training.run_folder import read_metrics
@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot and (not dist.is_initialized() or dist.get_rank() == 0):
             metrics = read_metrics(Path(args.out) / "metrics.jsonl")[0]
             print("wrote", save_run_plot(args.plot, metrics, title=f"{args.config}: {args.out}"))
+    except Preempted as e:  # asked to stop, and saved: not a failure, but not finished either
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.exit_code
     except ExpectedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -154,6 +154,8 @@ def slurm_script(
         f"#SBATCH --time={hours}:00:00",
         *([f"#SBATCH --partition={partition}"] if partition else []),
         "#SBATCH --output=%x-%j.log",
+        "#SBATCH --requeue  # a preempted or requeued job starts again, and resumes",
+        "#SBATCH --signal=B:USR1@300  # five minutes before the time limit: USR1 to this script",
         "",
         "# NCCL: say which network it chose (INFO), and, only if it picks the wrong one, name it",
         "export NCCL_DEBUG=WARN  # INFO while setting up a new cluster",
@@ -170,8 +172,16 @@ def slurm_script(
         prepare,
         f"srun --ntasks-per-node=1 {prepare}",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# On USR1 (the time limit is near) ask SLURM to queue the job again, and pass SIGTERM to",
+        "# the trainers: they finish the step, save it and stop; the next job resumes from it",
+        'trap \'scontrol requeue "$SLURM_JOB_ID"; kill -TERM "$train" 2>/dev/null\' USR1',
         f"srun python -m torch.distributed.run --nnodes={nodes} --nproc_per_node={gpus_per_node} "
         f"--rdzv_backend=c10d --rdzv_endpoint=$head:29500 --rdzv_id=$SLURM_JOB_ID \\",
-        " ".join(["    -m annotated.cli.train", train, "--no-progress", resume]),
+        " ".join(["    -m annotated.cli.train", train, "--no-progress", resume, "&"]),
+        "train=$!",
+        'status=0; wait "$train" || status=$?',
+        "# a trapped USR1 ends that wait early (status 138): wait again for the trainers' own",
+        'if [ "$status" -gt 128 ]; then status=0; wait "$train" || status=$?; fi',
+        'exit "$status"  # 75: stopped and saved, to be resumed by the requeued job',
     ]
     return "\n".join(lines) + "\n"

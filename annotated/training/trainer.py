@@ -29,6 +29,12 @@ from annotated.training.config import (
     out_of_time,
     validate_config,
 )
+from annotated.training.distributed import (
+    StopRequests,
+    all_sum,
+    finish_distributed,
+    setup_distributed,
+)
 from annotated.training.run_folder import (
     Progress,
     check_run_folder,
@@ -38,7 +44,7 @@ from annotated.training.run_folder import (
 )
 
 from ..batching import PAD
-from ..errors import ConfigError, TrainingError
+from ..errors import ConfigError, Preempted, TrainingError
 from ..fast import make_fast
 from ..files import lock_out_dir
 from ..loss import FusedLabelSmoothing, LabelSmoothing
@@ -46,7 +52,6 @@ from ..model import make_model
 from ..precision import Precision, bf16_speedup, choose_precision
 from ..schedule import make_optimizer
 from ..training_step import loss_on_batch, train_step
-from .distributed import all_sum, finish_distributed, setup_distributed
 from .prefetch import Prefetcher
 from .provenance import git_commit
 from .registry import TASKS, Task
@@ -214,6 +219,20 @@ def _checkpoint(out: Path, run: Run, cfg: TrainConfig, world: int) -> Path:
     return save_checkpoint(out, state, cfg.keep_last)
 
 
+def _stopped(out: Path, run: Run, cfg: TrainConfig, rank: int, world: int, device, stop,
+             last_path: Path | None) -> Preempted:  # fmt: skip
+    """Save the step just finished (the first process writes, every process waits for it) and
+    say how to continue."""
+    if rank == 0 and (last_path is None or checkpoint_step(last_path) != run.step):
+        last_path = _checkpoint(out, run, cfg, world)
+    all_sum(0.0, world, device)  # no process leaves before the checkpoint is complete
+    signals = ", ".join(sorted(set(stop.received))) or "another process's signal"
+    return Preempted(
+        f"stopped by {signals} at step {run.step}, after saving {last_path or 'its checkpoint'}; "
+        f"continue with the same command and --resume (a requeued job does so itself)."
+    )
+
+
 # %% ../../notebooks/06c_trainer.ipynb #c015e
 def train(
     cfg: TrainConfig,
@@ -231,7 +250,8 @@ def train(
     out = Path(out_dir)
     lock = lock_out_dir(out) if rank == 0 else None  # one trainer per folder
     try:
-        summary = _train_locked(cfg, out, rank, world, device, resume, progress, command)
+        with StopRequests() as stop:  # SIGTERM: finish the step, save it, stop
+            summary = _train_locked(cfg, out, rank, world, device, resume, progress, command, stop)
         finish_distributed(world)
         return summary
     finally:  # however the run ends, the folder is free again
@@ -249,6 +269,7 @@ def _train_locked(
     resume: bool,
     progress: bool,
     command: str | None,
+    stop: StopRequests,
 ) -> dict:
     resume_from = check_run_folder(out, cfg, resume)
     run = build_run(cfg, world, device)
@@ -280,6 +301,8 @@ def _train_locked(
             log.update(run.step, loss, lr, tokens, skipped, waited=batches.waited, last=time_up)
             if rank == 0 and (time_up or checkpoint_due(cfg, run.step, last_time)):
                 last_path, last_time = _checkpoint(out, run, cfg, world), time.time()
+            if stop.agreed(world, device):  # SIGTERM or SIGUSR1: save this step and stop
+                raise _stopped(out, run, cfg, rank, world, device, stop, last_path)
     except KeyboardInterrupt:
         good = checkpoint_paths(out)
         raise TrainingError(
