@@ -1,6 +1,9 @@
 """Helpers that several test files share."""
 
 import http.server
+import os
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,3 +97,45 @@ def toc_files() -> list[str]:
     for part in toc["parts"]:
         files += [c["file"] for c in part["chapters"]]
     return files
+
+
+# The trainer through its command line (tests/test_train.py, tests/test_faults.py)
+def sets(*overrides: str) -> list[str]:
+    """Command-line arguments that apply `key=value` overrides: --set A --set B ..."""
+    return [arg for item in overrides for arg in ("--set", item)]
+
+
+TINY = sets("model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "data.batch_sentences=8")
+TINY += sets("log_every=1")
+
+
+def run_trainer(*args, launcher=None, timeout=300, check=True, **env_extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
+    cmd = (launcher or [sys.executable, "-m"]) + ["annotated.cli.train", "--no-progress", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if check:
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r
+
+
+def tiny_copy(out: Path, *args: str, check: bool = True):
+    """The copy configuration at its smallest (TINY), trained into `out`."""
+    return run_trainer("--config", "copy", *TINY, *args, "--out", str(out), check=check)
+
+
+def final_weights(out: Path) -> dict:
+    last = sorted((out / "checkpoints").glob("ckpt_*.pt"))[-1]
+    return torch.load(last, weights_only=True)["model"]
+
+
+def error_of(r):
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    return r.stderr.strip().splitlines()[-1]
+
+
+def checkpoint_names(out: Path) -> list[str]:
+    return [p.name for p in sorted((out / "checkpoints").glob("ckpt_*.pt"))]
+
+
+TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+TORCHRUN_2 += ["2", "-m"]

@@ -16,33 +16,16 @@ import torch
 
 from annotated.training.registry import build_config
 
-
-def sets(*overrides: str) -> list[str]:
-    """Command-line arguments that apply `key=value` overrides: --set A --set B ..."""
-    return [arg for item in overrides for arg in ("--set", item)]
-
-
-TINY = sets("model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "data.batch_sentences=8")
-TINY += sets("log_every=1")
-
-
-def run_trainer(*args, launcher=None, timeout=300, check=True, **env_extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
-    cmd = (launcher or [sys.executable, "-m"]) + ["annotated.cli.train", "--no-progress", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    if check:
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    return r
-
-
-def tiny_copy(out: Path, *args: str, check: bool = True):
-    """The copy configuration at its smallest (TINY), trained into `out`."""
-    return run_trainer("--config", "copy", *TINY, *args, "--out", str(out), check=check)
-
-
-def final_weights(out: Path) -> dict:
-    last = sorted((out / "checkpoints").glob("ckpt_*.pt"))[-1]
-    return torch.load(last, weights_only=True)["model"]
+from helpers import (
+    TINY,
+    TORCHRUN_2,
+    checkpoint_names,
+    error_of,
+    final_weights,
+    run_trainer,
+    sets,
+    tiny_copy,
+)
 
 
 def test_two_processes_equal_one_process_with_accumulation(tmp_path):
@@ -128,11 +111,6 @@ def test_sigkill_then_resume_is_identical(tmp_path):
         json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()
     ]
     assert steps[-1] == 400
-
-
-def error_of(r):
-    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    return r.stderr.strip().splitlines()[-1]
 
 
 def test_unknown_config_key_and_type(tmp_path):
@@ -572,14 +550,6 @@ def test_sigterm_saves_the_step_it_finished_and_the_run_resumes_exactly(tmp_path
     run_trainer(*more, "--out", str(tmp_path / "straight"))
     a, b = final_weights(tmp_path / "straight"), final_weights(out)
     assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-def checkpoint_names(out: Path) -> list[str]:
-    return [p.name for p in sorted((out / "checkpoints").glob("ckpt_*.pt"))]
-
-
-TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
-TORCHRUN_2 += ["2", "-m"]
 
 
 def test_sigterm_to_torchrun_stops_both_processes_at_one_saved_step(tmp_path):

@@ -9,7 +9,9 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "load_weights",
+    "resumed_micro_batches",
     "all_finite",
+    "diverged",
     "rng_state",
     "restore_rng_state",
 ]
@@ -19,6 +21,7 @@ __all__ = [
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -70,10 +73,13 @@ def save_checkpoint(out: Path, state: dict, keep_last: int) -> Path:
             torch.save(state, tmp)
     except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
         why = e.strerror if isinstance(e, OSError) else "the disk is probably full"
+        left = checkpoint_paths(out)
+        kept = f"the last checkpoint, {left[-1].name}, is intact" if left else (
+            "no checkpoint of this run exists yet")  # fmt: skip
         raise TrainingError(
             f"could not write checkpoint {path} ({why}; {need / 2**20:,.0f} MiB needed, "
-            f"{shutil.disk_usage(folder).free / 2**20:,.0f} MiB free). The previous "
-            f"checkpoints are intact. Free disk space, then resume with --resume."
+            f"{shutil.disk_usage(folder).free / 2**20:,.0f} MiB free); {kept}. Free disk "
+            f"space, then run the command again{' with --resume' if left else ''}."
         ) from None
     for stale in checkpoint_paths(out)[:-keep_last]:
         stale.unlink()
@@ -120,10 +126,46 @@ def load_weights(model: torch.nn.Module, weights: dict, source) -> None:
         ) from None
 
 
+# %% ../../notebooks/06c_trainer.ipynb #c013c3
+def resumed_micro_batches(state: dict, path: Path, per_step: int, rank: int, world: int) -> int:
+    """The micro-batches per step that a run resumed from `state` takes, all processes: the
+    checkpoint's when it was written under another number of processes (the paper's batch is
+    tokens per step, not per GPU), else `per_step`, which a changed optim.accum may set."""
+    saved = int(state.get("data", {}).get("micro_batches_per_step") or per_step)
+    if saved == per_step or state.get("world_size", world) == world:
+        return per_step
+    if saved % world:
+        raise TrainingError(
+            f"{path} was trained with {saved} micro-batches per step, which {world} "
+            f"processes cannot share evenly. Resume with a number of processes that divides "
+            f"{saved}, or set optim.accum so that world size x accum = {saved}."
+        )
+    if rank == 0:
+        note = (
+            f"note: {path.parent.parent} was trained with {state.get('world_size', '?')} "
+            f"processes and resumes with {world}; each now takes {saved // world} "
+            f"micro-batches a step, so every step still holds {saved}"
+        )
+        print(note, file=sys.stderr)
+    return saved
+
+
 # %% ../../notebooks/06c_trainer.ipynb #c013d
 def all_finite(model: torch.nn.Module) -> bool:
     """True if no parameter holds inf or NaN (one host sync)."""
     return bool(torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all())
+
+
+# %% ../../notebooks/06c_trainer.ipynb #c013d2
+def diverged(out: Path, step: int, what: str) -> TrainingError:
+    """The error for a run whose loss or weights stopped being finite, naming what is left."""
+    good = checkpoint_paths(out)
+    last = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint was written"
+    return TrainingError(
+        f"the run diverged at step {step}: {what}. Nothing was saved for it; {last}. "
+        f"Lower optim.lr_factor or raise optim.warmup (--set ...), then --resume from it "
+        f"or restart."
+    )
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c013e

@@ -139,15 +139,16 @@ def _model_rules(m) -> list[tuple[bool, str, str]]:
         (m.d_model % m.h == 0, "model.d_model", f"{m.d_model} is not divisible by model.h={m.h}"),
         (
             min(m.N, m.d_model, m.d_ff, m.h) >= 1,
-            "model",
-            "N, d_model, d_ff and h must be at least 1",
+            "model.N, model.d_model, model.d_ff, model.h",
+            "each must be at least 1",
         ),
         (m.d_k >= 0, "model.d_k", "must be 0 (d_model / h) or a positive size"),
         (
             all(0 <= p < 1 for p in (m.dropout, m.attn_dropout, m.ffn_dropout)),
-            "model.dropout",
+            "model.dropout, model.attn_dropout, model.ffn_dropout",
             "dropout rates must lie in [0, 1)",
         ),
+        (m.max_len >= 3, "model.max_len", "must be at least 3: a start, one token and an end"),
     ]
 
 
@@ -198,11 +199,13 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
             "max_minutes",
             "must be 0 (no time limit) or a positive number of minutes",
         ),
+        (cfg.checkpoint_every >= 0, "checkpoint_every", "must be 0 (only at the end) or more"),
         (
-            cfg.checkpoint_every >= 0 and cfg.checkpoint_minutes >= 0,
-            "checkpoint_every",
-            "must be 0 (only at the end) or more",
+            math.isfinite(cfg.checkpoint_minutes) and cfg.checkpoint_minutes >= 0,
+            "checkpoint_minutes",
+            "must be 0 (off) or a positive number of minutes",
         ),
+        (0 <= cfg.seed < 2**63, "seed", "must be a whole number from 0 to 2**63 - 1"),
     ]
     for ok, key, why in rules:
         if not ok:

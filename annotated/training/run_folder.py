@@ -8,6 +8,7 @@ __all__ = [
     "run_differences",
     "check_run_folder",
     "Progress",
+    "own_run_folder",
     "run_summary",
 ]
 
@@ -23,9 +24,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import TrainingError
-from ..files import write_text_atomic
+from ..files import lock_out_dir, open_in_place, refuse_link, write_text_atomic
 from .checkpoints import checkpoint_paths
 from .config import TrainConfig
+from .distributed import all_sum
 from .registry import config_from_record
 
 
@@ -81,13 +83,14 @@ def run_differences(saved: dict, cfg: TrainConfig) -> list[str]:
     return [k for k in ("task", "data", "model", "seed") if theirs[k] != mine[k]]
 
 
-def check_run_folder(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
-    """The checkpoint to resume from (or None); refuse to mix two runs in one folder."""
-    for stale in (out / "checkpoints").glob("*.tmp"):  # left by a killed run; we hold the lock
-        stale.unlink()
+def check_run_folder(out: Path, cfg: TrainConfig, resume: bool, owner: bool) -> Path | None:
+    """The checkpoint to resume from (or None); refuse to mix two runs in one folder. Only the
+    `owner`, the process that holds the folder's lock, changes anything or says anything."""
+    for stale in (out / "checkpoints").glob("*.tmp") if owner else ():
+        stale.unlink()  # left by a killed run: with the lock held, no live writer owns it
     existing = checkpoint_paths(out)
     others = sorted({p.name for p in (out / "checkpoints").glob("*")} - {p.name for p in existing})
-    if others:
+    if others and owner:
         print(f"note: {out / 'checkpoints'} also holds {', '.join(others)}: not checkpoints of "
               f"this trainer, left alone", file=sys.stderr)  # fmt: skip
     if not resume:
@@ -116,13 +119,18 @@ def check_run_folder(out: Path, cfg: TrainConfig, resume: bool) -> Path | None:
 class Progress:
     """The progress bar and metrics.jsonl of the first process (the others write nothing)."""
 
-    def __init__(self, out: Path, cfg: TrainConfig, step: int, *, writes: bool, bar: bool):
+    def __init__(
+        self, out: Path, cfg: TrainConfig, step: int, earlier: float, *, writes: bool, bar: bool
+    ):
+        """`earlier`: the seconds that earlier sessions of a resumed run trained."""
         path = out / "metrics.jsonl"
+        if writes:
+            refuse_link(path)  # never read, rewrite or append through a link
         if writes and path.exists():  # a resumed run: drop what came after its checkpoint
             records, _ = read_metrics(path)
             kept = "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step)
             write_text_atomic(path, kept)
-        self.log = open(path, "a") if writes else None
+        self.log = open_in_place(path) if writes else None
         self.bar = tqdm(
             total=cfg.max_steps,
             initial=step,
@@ -132,6 +140,7 @@ class Progress:
         )
         self.every, self.last_step = cfg.log_every, cfg.max_steps
         self.start = self.window_start = time.time()
+        self.earlier = earlier
         self.window_tokens, self.window_waited = 0, 0.0
 
     def update(
@@ -149,7 +158,7 @@ class Progress:
         )
         self.bar.update(1)
         if step % self.every == 0 or step == self.last_step or last:
-            seconds = time.time() - self.start
+            seconds = self.earlier + time.time() - self.start  # every session's time
             record = dict(step=step, loss=loss, lr=lr, target_tokens_per_s=tok_s, elapsed_s=seconds)
             record["data_wait"] = (waited - self.window_waited) / elapsed if elapsed > 0 else 0.0
             if skipped is not None:  # fp16: optimiser steps skipped so far
@@ -162,6 +171,24 @@ class Progress:
         self.bar.close()
         if self.log:
             self.log.close()
+
+
+# %% ../../notebooks/06c_trainer.ipynb #c015e0
+def own_run_folder(out: Path, rank: int, world: int, device):
+    """The first process takes the folder's lock; every process learns whether it did before
+    any of them touches the folder."""
+    lock, refused = None, None
+    if rank == 0:
+        try:
+            lock = lock_out_dir(out)
+        except TrainingError as e:
+            refused = e
+    if all_sum(float(refused is not None), world, device) > 0:
+        raise refused or TrainingError(
+            f"{out} is in use by another trainer (the first process of this run could not "
+            f"lock it); this process changed nothing there."
+        )
+    return lock
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c015e3

@@ -5,6 +5,7 @@ __all__ = ["run_precision", "Run", "build_run", "run_step", "run_batches", "trai
 
 # %% ../../notebooks/06c_trainer.ipynb #c002d
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,9 +17,11 @@ from annotated.training.checkpoints import (
     all_finite,
     checkpoint_paths,
     checkpoint_step,
+    diverged,
     load_checkpoint,
     load_weights,
     restore_rng_state,
+    resumed_micro_batches,
     rng_state,
     save_checkpoint,
 )
@@ -38,6 +41,7 @@ from annotated.training.distributed import (
 from annotated.training.run_folder import (
     Progress,
     check_run_folder,
+    own_run_folder,
     record_run,
     run_differences,
     run_summary,
@@ -46,7 +50,6 @@ from annotated.training.run_folder import (
 from ..batching import PAD
 from ..errors import ConfigError, Preempted, TrainingError
 from ..fast import make_fast
-from ..files import lock_out_dir
 from ..loss import FusedLabelSmoothing, LabelSmoothing
 from ..model import make_model
 from ..precision import Precision, bf16_speedup, choose_precision
@@ -79,16 +82,6 @@ def run_precision(
     if saved is not None and saved["name"] == name:
         precision.load_state_dict(saved)  # the fp16 scaler's state: a resumed run stays exact
     return precision
-
-
-def _diverged(out: Path, step: int, what: str) -> TrainingError:
-    good = checkpoint_paths(out)
-    last = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint was written"
-    return TrainingError(
-        f"the run diverged at step {step}: {what}. Nothing was saved for it; {last}. "
-        f"Lower optim.lr_factor or raise optim.warmup (--set ...), then --resume from it "
-        f"or restart."
-    )
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c015b
@@ -133,9 +126,11 @@ def build_run(cfg: TrainConfig, world: int, device: torch.device) -> Run:
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c015b3
-def _resume(run: Run, path: Path, cfg: TrainConfig) -> dict | None:
+def _resume(run: Run, path: Path, cfg: TrainConfig, rank: int, world: int) -> dict | None:
     """Load the checkpoint at `path` into `run` -> its saved precision state (or None)."""
     state = load_checkpoint(path)
+    per_step = resumed_micro_batches(state, path, run.task.per_step, rank, world)
+    run.accum, run.task.per_step = per_step // world, per_step
     if int(state["step"]) != checkpoint_step(path):
         raise TrainingError(
             f"{path} is named for step {checkpoint_step(path)} but holds step {state['step']}: "
@@ -201,7 +196,7 @@ def run_batches(run: Run, rank: int, device, last: int) -> Prefetcher:
 # %% ../../notebooks/06c_trainer.ipynb #c015d3
 def _checkpoint(out: Path, run: Run, cfg: TrainConfig, world: int) -> Path:
     if not all_finite(run.model):  # never checkpoint a broken state
-        raise _diverged(out, run.step, "its update left inf or NaN in the weights")
+        raise diverged(out, run.step, "its update left inf or NaN in the weights")
     data = {"task": cfg.task, "next_step": run.step, "micro_batches_per_step": run.task.per_step}
     state = {
         "model": run.model.state_dict(),
@@ -248,7 +243,7 @@ def train(
     validate_config(cfg)
     rank, world, device = setup_distributed()
     out = Path(out_dir)
-    lock = lock_out_dir(out) if rank == 0 else None  # one trainer per folder
+    lock = own_run_folder(out, rank, world, device)  # one trainer per folder
     try:
         with StopRequests() as stop:  # SIGTERM: finish the step, save it, stop
             summary = _train_locked(cfg, out, rank, world, device, resume, progress, command, stop)
@@ -271,9 +266,9 @@ def _train_locked(
     command: str | None,
     stop: StopRequests,
 ) -> dict:
-    resume_from = check_run_folder(out, cfg, resume)
+    resume_from = check_run_folder(out, cfg, resume, owner=rank == 0)
     run = build_run(cfg, world, device)
-    saved = _resume(run, resume_from, cfg) if resume_from is not None else None
+    saved = _resume(run, resume_from, cfg, rank, world) if resume_from is not None else None
     precision = run.precision = run_precision(cfg, run, device, world, saved)
     if rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -283,7 +278,7 @@ def _train_locked(
     model = torch.nn.parallel.DistributedDataParallel(run.model) if world > 1 else run.model
     if cfg.compile:
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]  # batches change shape from step to step
-    log = Progress(out, cfg, run.step, writes=rank == 0, bar=progress)
+    log = Progress(out, cfg, run.step, run.seconds, writes=rank == 0, bar=progress)
     batches = run_batches(run, rank, device, cfg.max_steps)
     last_path, loss, run_tokens, last_time = None, None, 0, time.time()
     earlier = run.seconds  # what a resumed run had trained before
@@ -293,7 +288,7 @@ def _train_locked(
         while run.step < cfg.max_steps and not time_up:
             loss, lr, tokens = run_step(run, model, cfg, rank, world, device, batches)
             if not math.isfinite(loss):
-                raise _diverged(out, run.step, f"the loss became {loss}")
+                raise diverged(out, run.step, f"the loss became {loss}")
             run_tokens += tokens
             run.seconds = earlier + time.time() - log.start
             time_up = out_of_time(cfg, run.seconds, world, device)
@@ -316,4 +311,4 @@ def _train_locked(
     summary = run_summary(
         out, cfg, run.step, time.time() - log.start, loss, run_tokens, last_path, world, rank
     )
-    return {**summary, "data_wait_s": batches.waited}
+    return {**summary, "training_seconds": run.seconds, "data_wait_s": batches.waited}

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ...errors import ConfigError
 from ...model import ModelConfig
 from ..config import OptimConfig, TaskData, TrainConfig, task_data
 
@@ -93,6 +94,11 @@ class CopyTask:
         self.tokenizer = self.tokenizer_for(cfg)
         self.src_vocab = self.tgt_vocab = self.data.vocab
         self.per_step = 1  # micro-batches per optimiser step, all processes: set by the trainer
+        if cfg.model.max_len < 11:  # ten symbols and </s>: the longest source and decoder input
+            raise ConfigError(
+                f"model.max_len: {cfg.model.max_len} is too short for the copy task, whose "
+                f"sequences hold up to 11 positions. Change it with --set model.max_len=11 or more."
+            )
 
     @staticmethod
     def tokenizer_for(cfg: TrainConfig) -> IdTokenizer:

@@ -1,0 +1,170 @@
+"""Faults of a cluster's life, each reproduced: a second job on a folder in use, a resume under
+another number of processes, links planted in the run folder, a run's clock across resumes,
+a partly broken state and a disk too short for the next checkpoint."""
+
+import dataclasses
+import json
+from collections import namedtuple
+
+import pytest
+import torch
+
+from annotated.errors import ConfigError, TrainingError
+from annotated.files import lock_out_dir
+from annotated.training import checkpoints
+from annotated.training.checkpoints import all_finite, save_checkpoint
+from annotated.training.config import apply_overrides
+from annotated.training.registry import CONFIGS, build_config
+
+from helpers import (
+    TINY,
+    TORCHRUN_2,
+    checkpoint_names,
+    error_of,
+    final_weights,
+    run_trainer,
+    sets,
+    tiny_copy,
+)
+
+NO_DROPOUT = sets("model.dropout=0", "model.attn_dropout=0", "model.ffn_dropout=0")
+
+
+def test_a_second_job_on_a_folder_in_use_changes_nothing_there(tmp_path):
+    """Every process of a refused job stops before it touches the folder: the first job's
+    checkpoint in the making (a temporary file) survives."""
+    out = tmp_path / "run"
+    held = lock_out_dir(out)  # the first job
+    writing = out / "checkpoints" / ".ckpt_00000005.pt.123-0123abcd.tmp"
+    writing.parent.mkdir()
+    writing.write_bytes(b"half of a checkpoint")
+    try:
+        r = run_trainer(
+            "--config", "copy", *TINY, *sets("max_steps=2"), "--out", str(out),
+            launcher=TORCHRUN_2, check=False, CUDA_VISIBLE_DEVICES="",
+        )  # fmt: skip
+    finally:
+        held.close()
+    assert r.returncode != 0 and "in use by another trainer" in r.stderr, r.stderr[-2000:]
+    assert writing.read_bytes() == b"half of a checkpoint"
+
+
+def test_a_resume_under_another_number_of_processes_keeps_the_batch(tmp_path):
+    """Two processes, then one: the step keeps its two micro-batches (one process takes both),
+    so the run continues as the two-process run would have, up to rounding."""
+    args = ["--config", "copy", *TINY, *NO_DROPOUT, *sets("checkpoint_every=3")]
+    env = dict(launcher=TORCHRUN_2, CUDA_VISIBLE_DEVICES="")
+    run_trainer(*args, *sets("max_steps=3"), "--out", str(tmp_path / "moved"), **env)
+    r = run_trainer(*args, *sets("max_steps=8"), "--out", str(tmp_path / "moved"), "--resume")
+    assert "trained with 2 processes and resumes with 1" in r.stderr, r.stderr[-2000:]
+    run_trainer(*args, *sets("max_steps=8"), "--out", str(tmp_path / "straight"), **env)
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "moved")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    # the saved step holds two micro-batches again, as the run's record says
+    state = torch.load(tmp_path / "moved/checkpoints/ckpt_00000008.pt", weights_only=True)
+    assert state["data"]["micro_batches_per_step"] == 2 and state["world_size"] == 1
+
+
+def test_a_resume_that_cannot_keep_the_batch_is_refused(tmp_path):
+    out = tmp_path / "run"
+    tiny_copy(out, *sets("max_steps=2", "optim.accum=3"))
+    r = run_trainer(
+        "--config", "copy", *TINY, *sets("max_steps=4", "optim.accum=3"), "--out", str(out),
+        "--resume", launcher=TORCHRUN_2, check=False, CUDA_VISIBLE_DEVICES="",
+    )  # fmt: skip
+    assert r.returncode != 0 and "3 micro-batches per step, which 2 processes" in r.stderr
+    assert checkpoint_names(out) == ["ckpt_00000002.pt"]
+
+
+def test_links_planted_in_the_run_folder_are_refused_and_their_targets_kept(tmp_path):
+    precious = tmp_path / "precious.txt"
+    for name in ("trainer.lock", "metrics.jsonl"):
+        precious.write_text("someone else's file\n")
+        out = tmp_path / name.replace(".", "_")
+        out.mkdir()
+        (out / name).symlink_to(precious)
+        message = error_of(tiny_copy(out, *sets("max_steps=2"), check=False))
+        assert "is a symbolic link" in message and "Remove the link" in message, message
+        assert precious.read_text() == "someone else's file\n"
+        assert not (out / "checkpoints").exists() or not checkpoint_names(out)
+
+
+def test_the_logged_time_counts_every_session_of_a_resumed_run(tmp_path):
+    out = tmp_path / "run"
+    tiny_copy(out, *sets("max_steps=6", "checkpoint_every=6"))
+    first = torch.load(out / "checkpoints/ckpt_00000006.pt", weights_only=True)["seconds"]
+    tiny_copy(out, *sets("max_steps=9", "checkpoint_every=6"), "--resume")
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    times = [line["elapsed_s"] for line in lines]
+    assert [line["step"] for line in lines] == list(range(1, 10))
+    assert times == sorted(times) and times[6] >= first, times
+    last = torch.load(out / "checkpoints/ckpt_00000009.pt", weights_only=True)["seconds"]
+    assert abs(times[-1] - last) < 1.0  # the log and the checkpoint agree on the run's time
+
+
+def test_a_single_bad_number_in_one_tensor_is_never_checkpointed():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    assert all_finite(model)
+    for value in (float("nan"), float("inf"), float("-inf")):
+        for parameter in model.parameters():
+            with torch.no_grad():
+                saved = parameter.view(-1)[1].item()
+                parameter.view(-1)[1] = value  # one number of one tensor
+            assert not all_finite(model), (value, parameter.shape)
+            with torch.no_grad():
+                parameter.view(-1)[1] = saved
+
+
+def test_a_short_disk_prunes_the_oldest_checkpoints_and_never_the_newest(tmp_path, monkeypatch):
+    """With no room for the next checkpoint, the ones that its save would prune anyway go
+    first, oldest first; the newest stays, and the message names it."""
+    state = {"step": 0, "weights": torch.zeros(1000)}
+    for step in (10, 20, 30, 40):
+        save_checkpoint(tmp_path, {**state, "step": step}, keep_last=5)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: usage(1, 1, 0))
+    monkeypatch.setattr(checkpoints, "atomic_path", _full_disk)
+    with pytest.raises(TrainingError, match="the last checkpoint, ckpt_00000040.pt, is intact"):
+        save_checkpoint(tmp_path, {**state, "step": 50}, keep_last=2)
+    assert checkpoint_names(tmp_path) == ["ckpt_00000040.pt"]
+    monkeypatch.undo()
+    save_checkpoint(tmp_path, {**state, "step": 50}, keep_last=2)
+    assert checkpoint_names(tmp_path) == ["ckpt_00000040.pt", "ckpt_00000050.pt"]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.suffix == ".tmp"] == []
+
+
+def test_a_first_checkpoint_that_cannot_be_written_says_there_is_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoints, "atomic_path", _full_disk)
+    with pytest.raises(TrainingError, match="no checkpoint of this run exists yet"):
+        save_checkpoint(tmp_path, {"step": 5}, keep_last=2)
+
+
+def _full_disk(path):
+    raise OSError(28, "No space left on device")
+
+
+def _leaves(cfg, prefix=""):
+    """(key, value) for every setting of a configuration, nested keys with their dots."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, value
+
+
+def test_every_key_of_every_configuration_refuses_a_value_out_of_its_range():
+    """A negative whole number, a float that is not a number, an unknown word: each is refused
+    before anything starts, with a message that names the key, for every key of every named
+    configuration (a key added without its rule fails here)."""
+    checked = 0
+    for name in CONFIGS:
+        for key, value in _leaves(build_config(name)):
+            if isinstance(value, bool) or key == "task":  # two values; the registry's names
+                continue
+            bad = {int: "-1", float: "nan", str: "nonsense"}[type(value)]
+            with pytest.raises(ConfigError) as refused:
+                apply_overrides(build_config(name), [f"{key}={bad}"])
+            assert key in str(refused.value), (name, key, str(refused.value))
+            checked += 1
+    assert checked > 30 * len(CONFIGS) // 2
