@@ -4,10 +4,12 @@
 __all__ = [
     "atomic_path",
     "write_text_atomic",
+    "check_writable",
     "refuse_link",
     "open_in_place",
     "hold_lock",
     "lock_out_dir",
+    "lock_holder",
 ]
 
 # %% ../notebooks/A1_files_and_locks.ipynb #c003
@@ -69,6 +71,24 @@ def write_text_atomic(path, text: str) -> Path:
     return path
 
 
+def check_writable(path: Path, what: str) -> None:
+    """Fail now, with a message, if `path` cannot be created: its folder is made if missing,
+    and a file is created in it and removed."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.parent / f".{uuid.uuid4().hex}.tmp"
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        probe.unlink()
+    except OSError as e:
+        why = e.strerror or str(e)
+        if isinstance(e, (FileExistsError, NotADirectoryError)):
+            why = f"{e.filename} is a file, not a folder"
+        raise TrainingError(
+            f"{what} {path} cannot be written ({why}); choose a folder you can "
+            f"write to, then run the command again. Nothing was done."
+        ) from None
+
+
 # %% ../notebooks/A1_files_and_locks.ipynb #c011
 def refuse_link(path: Path) -> None:
     """Raise a TrainingError if `path` is a symbolic link where a file of our own belongs."""
@@ -121,3 +141,18 @@ def lock_out_dir(out: Path):
     handle.write(f"pid {os.getpid()}")
     handle.flush()
     return handle
+
+
+def lock_holder(out: Path) -> str | None:
+    """Who holds out/trainer.lock ("pid N"), or None when no trainer is running there. Only
+    reads: the lock file is neither created nor changed."""
+    try:
+        fd = os.open(out / "trainer.lock", os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None  # no lock file (or a link there): no trainer of ours
+    with os.fdopen(fd) as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return handle.read().strip() or "another process"
+    return None

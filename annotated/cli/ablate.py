@@ -8,7 +8,7 @@ __all__ = ["main"]
 import argparse
 import sys
 
-from ..errors import ExpectedError
+from ..errors import ExpectedError, Preempted
 from ..experiments.table3 import GRIDS, run_variation
 
 
@@ -47,13 +47,17 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name:<24} perplexity {r['perplexity']:7.2f}  BLEU {r['bleu']:6.2f}", flush=True
             )
+    except Preempted as e:  # SIGTERM: the row's trainer saved its step
+        kept = "The rows already scored are kept in --results; the same command continues"
+        print(f"stopped: {e} {kept}, the interrupted row from its checkpoint.", file=sys.stderr)
+        return e.exit_code
     except ExpectedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(
             "interrupted: the rows already scored are kept in --results; run the same command "
-            "again to continue from the next row.",
+            "again to continue (a row stopped half-way resumes from its last checkpoint).",
             file=sys.stderr,
         )
         return 2

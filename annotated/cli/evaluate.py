@@ -13,6 +13,8 @@ import torch
 from ..errors import ExpectedError
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
 from ..experiments.plots import save_run_plot
+from ..files import check_writable
+from .translate import out_of_memory
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-c023c
@@ -68,9 +70,9 @@ def _print_scores(report: dict):
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
-    args = ap.parse_args(argv)
+def _check_first(ap: argparse.ArgumentParser, args) -> None:
+    """What can be checked before decoding: the numbers, the device, the run folder, and the
+    paths that will be written."""
     if any(n is not None and n < 1 for n in (args.last, args.limit, args.beam)) or not (
         args.alpha >= 0
     ):
@@ -78,9 +80,28 @@ def main(argv: list[str] | None = None) -> int:
             "--last, --limit and --beam must be at least 1, and --alpha a number >= 0 "
             "(the paper: 5 or 20 checkpoints, every sentence, beam 4, alpha 0.6)"
         )
+    if not args.run.strip() or not all(p is None or p.strip() for p in (args.results, args.plot)):
+        ap.error("--run, --results and --plot must name a folder or a file, not an empty string")
     try:
-        if args.results:
-            read_run(args.run)  # fail now, not after decoding every test set
+        device = torch.device(args.device)
+    except RuntimeError:
+        ap.error(f"--device {args.device!r} is not a device PyTorch knows; use cpu or cuda")
+    gpus = torch.cuda.device_count()
+    if device.type == "cuda" and (device.index or 0) >= gpus:
+        others = f" or one of cuda:0..cuda:{gpus - 1}" if gpus else ""
+        ap.error(f"--device {args.device}: this PyTorch sees {gpus} CUDA devices; use cpu{others}")
+    if args.results:
+        read_run(args.run)  # fail now, not after decoding every test set
+        check_writable(Path(args.results), "--results")
+    if args.plot:
+        check_writable(Path(args.plot), "--plot")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    try:
+        _check_first(ap, args)
         report = evaluate_run(
             args.run,
             last=args.last,
@@ -100,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
             print("wrote", _plot(args, report))
     except (ExpectedError, ValueError) as e:  # ValueError: missing test data, a line too long
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        if not out_of_memory(e):
+            raise
+        print(f"error: the beam search ran out of memory on {args.device} (beam {args.beam}); "
+              f"use a smaller --beam, or another --device.", file=sys.stderr)  # fmt: skip
         return 2
     except OSError as e:
         print(

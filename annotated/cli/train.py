@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         "--plot", metavar="PNG", help="when done, draw loss, learning rate and speed (chapter 9b)"
     )
     args = ap.parse_args(argv)
+    if not args.out.strip():
+        ap.error("--out must name a folder (an empty name would train into the current one)")
     try:
         # --max-steps 0 is refused by the configuration's checks, not ignored
         steps = [] if args.max_steps is None else [f"max_steps={args.max_steps}"]
@@ -62,8 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     except ExpectedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:  # the picture could not be written; the run itself is saved
-        print(f"error: could not write {e.filename}: {e.strerror}.", file=sys.stderr)
+    except OSError as e:  # a full disk while logging, or the picture: the checkpoints are saved
+        print(
+            f"error: could not write {e.filename or 'into ' + args.out}: {e.strerror or e}. The "
+            f"checkpoints already in {args.out} are intact; free some space, then run the same "
+            f"command with --resume.",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:  # before the loop started: nothing to resume from yet
         print("error: interrupted before training began; nothing was written.", file=sys.stderr)

@@ -5,7 +5,11 @@ __all__ = ["average_checkpoints"]
 
 # %% ../../notebooks/07_decoding_and_evaluation.ipynb #c036
 # Checkpoint averaging (paper section 6.1): one model from the last checkpoints of a run.
+from pathlib import Path
+
 import torch
+
+from ..training.checkpoints import unreadable  # why a file cannot be read (chapter 6c)
 
 
 def _state_dict_of(checkpoint, path) -> dict:
@@ -27,8 +31,8 @@ def _read_checkpoint(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, missing, or not written by torch.save
         raise ValueError(
-            f"average_checkpoints: {path} cannot be read ({type(e).__name__}: {str(e)[:160]}). "
-            f"Leave it out of the average (average fewer, newer checkpoints) or delete it."
+            f"average_checkpoints: {path} cannot be read: {unreadable(Path(path), e)}. Leave it "
+            f"out of the average (average fewer, newer checkpoints)."
         ) from None
 
 

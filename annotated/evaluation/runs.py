@@ -8,7 +8,9 @@ __all__ = ["evaluate_run", "read_run", "write_results", "bleu_per_checkpoint"]
 # sets with beam search, score them with every BLEU of chapter 7, and write the results with their
 # provenance.  python -m annotated.cli.evaluate --run DIR [--results DIR]
 import json
+import shutil
 import statistics
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 from ..bleu import sacrebleu_score, score_translations
 from ..errors import TrainingError
-from ..files import write_text_atomic
+from ..files import atomic_path, lock_holder
 from ..training.checkpoints import checkpoint_paths
 from ..training.provenance import git_commit
 from ..training.registry import TASKS
@@ -25,6 +27,29 @@ from .translation import load_model, translate
 
 
 # %% ../../notebooks/09b_multi30k_results.ipynb #c014
+def _load_kept(run_dir: Path, last: int | None, device):
+    """The average of the run's last `last` checkpoints -> (model, tokenizer, config, paths).
+    A trainer still running there may delete one between listing and reading: list again."""
+    holder = lock_holder(run_dir)
+    if holder:
+        print(f"note: a trainer is still running in {run_dir} ({holder}); evaluating the "
+              f"checkpoints it has written so far", file=sys.stderr)  # fmt: skip
+    for attempt in range(3):
+        kept = checkpoint_paths(run_dir)
+        paths = kept[-last:] if last else kept
+        if not paths:
+            raise TrainingError(
+                f"{run_dir}: no checkpoints in {run_dir / 'checkpoints'}; train first "
+                f"(python -m annotated.cli.train --out {run_dir} ...)"
+            )
+        try:
+            return (*load_model(paths, device), paths)
+        except (TrainingError, ValueError):
+            if attempt == 2 or all(p.exists() for p in paths):
+                raise  # not a checkpoint deleted under us: the message says what it was
+    raise AssertionError("unreachable")
+
+
 def evaluate_run(
     run_dir,
     *,
@@ -39,13 +64,7 @@ def evaluate_run(
     the first `limit` sentences (default: all) of each test set of its task, and score them.
     Returns scores per test set, plus the translations under "translations"."""
     run_dir = Path(run_dir)
-    paths = checkpoint_paths(run_dir)[-last:] if last else checkpoint_paths(run_dir)
-    if not paths:
-        raise TrainingError(
-            f"{run_dir}: no checkpoints in {run_dir / 'checkpoints'}; train first "
-            f"(python -m annotated.cli.train --out {run_dir} ...)"
-        )
-    model, tokenizer, cfg = load_model(paths, device)
+    model, tokenizer, cfg, paths = _load_kept(run_dir, last, device)
     test_sets = TASKS[cfg.task].test_sets
     if not test_sets:
         raise TrainingError(
@@ -105,7 +124,6 @@ def write_results(
     """Write results.json, metrics.jsonl, <test>.hyp and samples.tsv for a run into out_dir."""
     out_dir, run_dir = Path(out_dir), Path(run_dir)
     run, metrics, log = read_run(run_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     results = {
         "provenance": {
             "training_command": run.get("command"),
@@ -130,19 +148,38 @@ def write_results(
         "evaluation": {k: report[k] for k in ("checkpoints", "beam_size", "alpha", "tests")},
         "config": run.get("config"),
     }
-    write_text_atomic(out_dir / "metrics.jsonl", log)
-    for name, rows in report["translations"].items():
-        write_text_atomic(out_dir / f"{name}.hyp", "".join(r["hypothesis"] + "\n" for r in rows))
     first: list[dict] = next(iter(report["translations"].values()), [])
-    write_text_atomic(
-        out_dir / "samples.tsv",
-        "source\treference\thypothesis\n"
+    files = {
+        "metrics.jsonl": log,
+        **{
+            f"{name}.hyp": "".join(r["hypothesis"] + "\n" for r in rows)
+            for name, rows in report["translations"].items()
+        },
+        "samples.tsv": "source\treference\thypothesis\n"
         + "".join(f"{r['source']}\t{r['reference']}\t{r['hypothesis']}\n" for r in first[:samples]),
-    )
-    write_text_atomic(
-        out_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n"
-    )
+        "results.json": json.dumps(results, indent=2, ensure_ascii=False) + "\n",
+    }
+    _replace_folder(out_dir, files)
     return out_dir / "results.json"
+
+
+def _replace_folder(out_dir: Path, files: dict[str, str]) -> None:
+    """Replace `out_dir` as a whole by one holding `files`, and any other file it held."""
+    try:
+        with atomic_path(out_dir) as tmp:  # never half of one evaluation and half of another
+            if out_dir.is_dir():
+                others = lambda folder, names: [
+                    n for n in names if Path(folder) == out_dir and n in files
+                ]  # noqa: E731
+                shutil.copytree(out_dir, tmp, ignore=others, symlinks=True)
+            tmp.mkdir(exist_ok=True)
+            for name, text in files.items():
+                (tmp / name).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise TrainingError(
+            f"could not write the results to {out_dir} ({e.strerror or e}); it was left as it "
+            f"was. Free some space or choose another --results, then run the command again."
+        ) from None
 
 
 # %% ../../notebooks/09b_multi30k_results.ipynb #c025s

@@ -7,6 +7,7 @@ __all__ = [
     "checkpoint_paths",
     "checkpoint_step",
     "save_checkpoint",
+    "unreadable",
     "load_checkpoint",
     "load_weights",
     "resumed_micro_batches",
@@ -18,6 +19,7 @@ __all__ = [
 
 # %% ../../notebooks/06c_trainer.ipynb #c002c
 # Checkpoints that resume exactly, written atomically (appendix A1).
+import pickle
 import random
 import re
 import shutil
@@ -90,18 +92,35 @@ def save_checkpoint(out: Path, state: dict, keep_last: int) -> Path:
 CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "rng", "tokenizer")
 
 
+def unreadable(path: Path, error: Exception) -> str:
+    """Why torch.load could not read `path`, in words a reader can act on."""
+    if isinstance(error, FileNotFoundError):
+        return (
+            "it no longer exists; a trainer still running in its folder deletes its oldest "
+            "checkpoints as it writes new ones"
+        )
+    if isinstance(error, pickle.UnpicklingError) and "Weights only" in str(error):
+        calls = re.search(r"GLOBAL (\S+)", str(error))
+        return (
+            f"it holds Python objects that would run code when loaded ("
+            f"{calls.group(1) if calls else 'an object'}), not only tensors and numbers, so "
+            f"it was not loaded; use only checkpoints whose origin you trust"
+        )
+    return f"{type(error).__name__}: {str(error)[:200]}"
+
+
 def load_checkpoint(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a checkpoint, or from an incompatible version
         others = [p.name for p in checkpoint_paths(path.parent.parent) if p != path]
         hint = (
-            f"delete it to resume from {others[-1]}"
+            f"resume from {others[-1]} by moving {path.name} out of the folder"
             if others
             else "no other checkpoint is left; start a new run"
         )
         raise TrainingError(
-            f"checkpoint {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); {hint}."
+            f"checkpoint {path} cannot be read: {unreadable(path, e)}; {hint}."
         ) from None
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
     if missing:

@@ -5,7 +5,6 @@ __all__ = ["run_precision", "Run", "build_run", "run_step", "run_batches", "trai
 
 # %% ../../notebooks/06c_trainer.ipynb #c002d
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path

@@ -1,0 +1,162 @@
+"""The command lines around a run, each fault reproduced: output that cannot be written, memory
+that runs out, a checkpoint that would run code, paths and devices that cannot work, a trainer
+still running in the folder being evaluated, a results folder written half-way."""
+
+import errno
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated.cli import train as train_cli
+from annotated.cli import translate as translate_cli
+from annotated.errors import TrainingError
+from annotated.evaluation import runs
+from annotated.files import lock_out_dir
+from annotated.training.run_folder import Progress
+
+from helpers import TINY, error_of, run_trainer, sets, tiny_copy
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory) -> Path:
+    """A finished copy-task run with four checkpoints (steps 1 to 4)."""
+    out = tmp_path_factory.mktemp("copy") / "run"
+    tiny_copy(out, *sets("max_steps=4", "checkpoint_every=1"))
+    return out
+
+
+def command(module: str, *args, stdin: str = "", stdout=subprocess.PIPE):
+    return subprocess.run(
+        [sys.executable, "-m", f"annotated.cli.{module}", *map(str, args)],
+        input=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_translations_that_cannot_be_written_are_an_error(copy_run):
+    ckpt = copy_run / "checkpoints/ckpt_00000004.pt"
+    with open("/dev/full", "w") as full:  # every write fails: "No space left on device"
+        r = command("translate", "--checkpoint", ckpt, stdin="3 4 5\n" * 2000, stdout=full)
+    assert r.returncode == 2 and "could not write the translations" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+
+
+def test_a_beam_search_out_of_memory_says_what_to_lower(copy_run, monkeypatch, capsys):
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1")
+
+    monkeypatch.setattr(translate_cli, "translate", no_memory)
+    monkeypatch.setattr(sys, "stdin", open("/dev/null"))
+    ckpt = str(copy_run / "checkpoints/ckpt_00000004.pt")
+    assert translate_cli.main(["--checkpoint", ckpt, "--beam", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "ran out of memory (beam 64" in err and "--batch-size" in err, err
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_never_run(tmp_path):
+    marker = tmp_path / "was-run"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    evil = tmp_path / "run/checkpoints/ckpt_00000001.pt"
+    evil.parent.mkdir(parents=True)
+    torch.save({"model": Payload()}, evil)
+    r = command("translate", "--checkpoint", evil, stdin="3 4\n")
+    message = error_of(r)
+    assert "would run code when loaded" in message and "not loaded" in message, message
+    assert "weights_only" not in message and "False" not in message
+    assert not marker.exists()
+
+
+def test_evaluate_checks_its_device_and_paths_before_decoding(copy_run, tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    for args, says in [
+        (["--device", "tpu9"], "is not a device PyTorch knows"),
+        (["--device", f"cuda:{torch.cuda.device_count()}"], "CUDA devices; use cpu"),
+        (["--results", blocked / "results"], "--results"),
+        (["--plot", blocked / "run.png"], "--plot"),
+        (["--results", ""], "not an empty string"),
+    ]:
+        r = command("evaluate", "--run", copy_run, *args)
+        assert r.returncode == 2 and says in r.stderr, (args, r.stderr[-1500:])
+        assert "no test sets" not in r.stderr  # refused before the run was even loaded
+
+
+def test_evaluate_beside_a_live_trainer_lists_again_when_a_checkpoint_is_pruned(
+    copy_run, monkeypatch, capsys
+):
+    real, calls = runs.load_model, []
+
+    def pruned_under_us(paths, device):
+        calls.append([p.name for p in paths])
+        if len(calls) == 1:
+            paths[0].rename(paths[0].with_name("kept-aside.pt"))  # as the trainer's pruning
+        return real(paths, device)
+
+    monkeypatch.setattr(runs, "load_model", pruned_under_us)
+    held = lock_out_dir(copy_run)
+    try:
+        with pytest.raises(TrainingError, match="has no test sets"):  # loaded; copy has none
+            runs.evaluate_run(copy_run, last=2)
+    finally:
+        held.close()
+        (copy_run / "checkpoints/kept-aside.pt").rename(copy_run / "checkpoints/ckpt_00000003.pt")
+    assert calls == [
+        ["ckpt_00000003.pt", "ckpt_00000004.pt"],
+        ["ckpt_00000002.pt", "ckpt_00000004.pt"],
+    ]
+    assert "a trainer is still running" in capsys.readouterr().err
+
+
+def test_results_are_replaced_as_a_whole_or_not_at_all(copy_run, tmp_path, monkeypatch):
+    out = tmp_path / "results"
+    row = {"source": "3 4", "reference": "3 4", "hypothesis": "3 4"}
+    report = {"checkpoints": ["ckpt_00000004.pt"], "beam_size": 4, "alpha": 0.6, "tests": {}}
+    runs.write_results(out, copy_run, {**report, "translations": {"dev": [row]}})
+    (out / "summary.png").write_bytes(b"a picture drawn into the folder")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real, written = Path.write_text, []
+
+    def disk_fills(self, text, **kwargs):
+        written.append(self.name)
+        if len(written) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, text, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", disk_fills)
+    changed = {**report, "translations": {"dev": [{**row, "hypothesis": "4 3"}]}}
+    with pytest.raises(TrainingError, match="left as it was"):
+        runs.write_results(out, copy_run, changed)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    runs.write_results(out, copy_run, changed)
+    assert (out / "dev.hyp").read_text() == "4 3\n" and (out / "summary.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]  # no temporary left
+
+
+def test_train_refuses_an_empty_out_and_names_a_full_disk(tmp_path, monkeypatch, capsys):
+    r = run_trainer("--config", "copy", *TINY, "--out", "", check=False)
+    assert r.returncode == 2 and "--out must name a folder" in r.stderr
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # no file name, as a write gives
+
+    monkeypatch.setattr(Progress, "update", full)
+    out = tmp_path / "run"
+    code = train_cli.main(["--config", "copy", *TINY, "--no-progress", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "None" not in err and f"into {out}" in err and "--resume" in err, err
+
+
+def test_a_resume_without_run_json_still_refuses_another_model(tmp_path):
+    out = tmp_path / "run"
+    tiny_copy(out, *sets("max_steps=2"))
+    (out / "run.json").unlink()
+    message = error_of(tiny_copy(out, *sets("max_steps=4", "model.d_ff=64"), "--resume",
+                                 check=False))  # fmt: skip
+    assert "written by another run" in message and "model" in message, message
