@@ -2,9 +2,17 @@
 another number of processes, links planted in the run folder, a run's clock across resumes,
 a partly broken state and a disk too short for the next checkpoint."""
 
+import contextlib
 import dataclasses
 import json
+import os
+import random
+import resource
+import signal
+import subprocess
+import time
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,3 +176,86 @@ def test_every_key_of_every_configuration_refuses_a_value_out_of_its_range():
             assert key in str(refused.value), (name, key, str(refused.value))
             checked += 1
     assert checked > 30 * len(CONFIGS) // 2
+
+
+def test_a_vocabulary_larger_than_the_corpus_gets_the_size_that_fits(tmp_path):
+    from annotated.data.tokenizer import train_tokenizer
+    from annotated.errors import DataError
+
+    pairs = [("a small corpus of words", "ein kleines Korpus aus Wörtern")] * 20
+    with pytest.raises(DataError, match=r"more than this corpus can fill \(at most \d+\)"):
+        train_tokenizer(pairs, tmp_path / "too-big", vocab_size=100_000)
+    assert list(tmp_path.iterdir()) == []  # no partial model left behind
+
+
+def _logged_steps(out: Path) -> list[int]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fault(kind: str, cmd: list[str], out: Path, rng: random.Random) -> int:
+    """Run `cmd` (a two-process torchrun) and hit it with `kind` at a random point of its
+    training: SIGTERM to torchrun, SIGKILL to every process, or a disk that fills up (the
+    file-size limit, at a random size). Returns its exit code."""
+    limit = rng.randrange(1_000, 60_000)
+
+    def small_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    started = time.time()
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=small_disk if kind == "disk" else None,
+    )  # fmt: skip
+    try:
+        if kind != "disk":
+            record, deadline = out / "run.json", started + 120  # written as training starts
+            while proc.poll() is None and not (
+                record.exists() and record.stat().st_mtime >= started
+            ):
+                assert time.time() < deadline, "the run never started"
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 0.4))  # somewhere in the steps, saves included
+            with contextlib.suppress(ProcessLookupError):  # unless the run has ended already
+                if kind == "sigterm":
+                    proc.send_signal(signal.SIGTERM)
+                else:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        said, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing of it outlives the test
+    if kind == "sigterm":  # stopped with its step saved, or finished before the signal came
+        assert "stopped by SIGTERM" in err or "done:" in said, err[-2000:]
+    return proc.returncode
+
+
+def test_faults_at_random_points_of_a_two_process_run_lose_nothing(tmp_path):
+    """SIGTERM, SIGKILL and a full disk, at random points of a two-process run, one after
+    another, each followed by --resume: every checkpoint left is whole and this run's, and the
+    run finishes equal to one that was never disturbed. FAULT_SEED repeats a sequence."""
+    seed = int(os.environ.get("FAULT_SEED", random.randrange(1_000_000)))
+    rng = random.Random(seed)
+    out, straight = tmp_path / "faulty", tmp_path / "straight"
+    args = ["--config", "copy", *TINY, *sets("max_steps=300", "checkpoint_every=7")]
+    codes = []
+    for kind in rng.sample(["sigterm", "sigkill", "disk", "sigkill", "sigterm", "disk"], 6):
+        resume = ["--resume"] if checkpoint_names(out) else []
+        cmd = [*TORCHRUN_2, "annotated.cli.train", "--no-progress", *args, "--out", str(out)]
+        codes.append((kind, _fault(kind, cmd + resume, out, rng)))
+        for name in checkpoint_names(out):  # whole, and named for the step it holds
+            state = torch.load(out / "checkpoints" / name, weights_only=True)
+            assert name == f"ckpt_{state['step']:08d}.pt", (seed, codes)
+    resume = ["--resume"] if checkpoint_names(out) else []
+    run_trainer(*args, "--out", str(out), *resume, launcher=TORCHRUN_2, CUDA_VISIBLE_DEVICES="")
+    run_trainer(*args, "--out", str(straight), launcher=TORCHRUN_2, CUDA_VISIBLE_DEVICES="")
+    a, b = final_weights(straight), final_weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a), (seed, codes)
+    assert _logged_steps(out) == list(range(1, 301)), (seed, codes)
+    assert not [p for p in (out / "checkpoints").iterdir() if p.suffix == ".tmp"], (seed, codes)
+    assert {code for _, code in codes} <= {0, 1, 2, 75, -9}, (seed, codes)
+    print(f"FAULT_SEED={seed}: {codes}")  # shown with pytest -s

@@ -6,10 +6,12 @@ __all__ = ["UNK", "TOKENIZER_OPTIONS", "Tokenizer", "load_tokenizer", "train_tok
 # %% ../../notebooks/08_multi30k_data.ipynb #c002b
 # The joint SentencePiece BPE tokenizer, shared by source and target.
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
 from ..batching import BOS, EOS, PAD
+from ..errors import DataError
 from ..files import atomic_path
 
 # %% ../../notebooks/08_multi30k_data.ipynb #c016
@@ -86,12 +88,22 @@ def train_tokenizer(
     final = Path(f"{model_prefix}.model")
     final.parent.mkdir(parents=True, exist_ok=True)
     sentences = [s for pair in pairs for s in pair]
-    with atomic_path(final) as tmp, open(tmp, "wb") as out:  # never a partial model
-        spm.set_random_generator_seed(seed)
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=out,
-            vocab_size=vocab_size,
-            **TOKENIZER_OPTIONS,
-        )
+    try:
+        with atomic_path(final) as tmp, open(tmp, "wb") as out:  # never a partial model
+            spm.set_random_generator_seed(seed)
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences),
+                model_writer=out,
+                vocab_size=vocab_size,
+                **TOKENIZER_OPTIONS,
+            )
+    except RuntimeError as e:  # SentencePiece's report of a vocabulary the text cannot fill
+        most = re.search(r"value <= (\d+)", str(e))
+        if not most:
+            raise
+        raise DataError(
+            f"a vocabulary of {vocab_size:,} pieces is more than this corpus can fill (at most "
+            f"{int(most.group(1)):,}); choose a smaller size, such as the book's 8,000 "
+            f"(--set data.vocab=8000)."
+        ) from None
     return load_tokenizer(final)
