@@ -23,6 +23,7 @@ from annotated.training import checkpoints
 from annotated.training.checkpoints import all_finite, save_checkpoint
 from annotated.training.config import apply_overrides
 from annotated.training.registry import CONFIGS, build_config
+from annotated.training.run_folder import check_run_folder
 
 from helpers import (
     TINY,
@@ -54,7 +55,19 @@ def test_a_second_job_on_a_folder_in_use_changes_nothing_there(tmp_path):
     finally:
         held.close()
     assert r.returncode != 0 and "in use by another trainer" in r.stderr, r.stderr[-2000:]
+    assert r.stderr.count("in use by another trainer") == 2  # each process was told, and said so
     assert writing.read_bytes() == b"half of a checkpoint"
+
+
+def test_only_the_folders_owner_removes_what_a_killed_run_left(tmp_path):
+    left = tmp_path / "checkpoints" / ".ckpt_00000005.pt.123-0123abcd.tmp"
+    left.parent.mkdir()
+    left.write_bytes(b"from a killed run")
+    cfg = build_config("copy")
+    assert check_run_folder(tmp_path, cfg, resume=False, owner=False) is None
+    assert left.exists()  # a process without the lock touches nothing
+    assert check_run_folder(tmp_path, cfg, resume=False, owner=True) is None
+    assert not left.exists()
 
 
 def test_a_resume_under_another_number_of_processes_keeps_the_batch(tmp_path):
