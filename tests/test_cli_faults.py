@@ -160,3 +160,15 @@ def test_a_resume_without_run_json_still_refuses_another_model(tmp_path):
     message = error_of(tiny_copy(out, *sets("max_steps=4", "model.d_ff=64"), "--resume",
                                  check=False))  # fmt: skip
     assert "written by another run" in message and "model" in message, message
+
+
+def test_checkpoints_of_an_older_or_newer_format_get_messages(copy_run, tmp_path):
+    state = torch.load(copy_run / "checkpoints/ckpt_00000004.pt", weights_only=True)
+    older = {k: v for k, v in state.items() if k != "config"}
+    newer = {**state, "config": {**state["config"], "model": {**state["config"]["model"]}}}
+    newer["config"]["model"]["rotary"] = True  # a model setting this version does not have
+    for record, says in [(older, "no config"), (newer, "newer version")]:
+        path = tmp_path / f"{says.replace(' ', '-')}.pt"
+        torch.save(record, path)
+        message = error_of(command("translate", "--checkpoint", path, stdin="3 4\n"))
+        assert says in message, message

@@ -275,8 +275,8 @@ def test_tokenizer_training_is_deterministic(trained):
 
 def test_failed_training_leaves_no_model(tmp_path):
     pairs = [("a b c", "d e f")] * 10
-    with pytest.raises(RuntimeError, match="[Vv]ocabulary size"):  # far too large for this corpus
-        train_tokenizer(pairs, tmp_path / "tiny", vocab_size=5000)
+    with pytest.raises(data.DataError, match=r"more than this corpus can fill \(at most \d+\)"):
+        train_tokenizer(pairs, tmp_path / "tiny", vocab_size=5000)  # far too large for it
     assert list(tmp_path.iterdir()) == []
 
 

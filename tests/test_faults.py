@@ -191,16 +191,6 @@ def test_every_key_of_every_configuration_refuses_a_value_out_of_its_range():
     assert checked > 30 * len(CONFIGS) // 2
 
 
-def test_a_vocabulary_larger_than_the_corpus_gets_the_size_that_fits(tmp_path):
-    from annotated.data.tokenizer import train_tokenizer
-    from annotated.errors import DataError
-
-    pairs = [("a small corpus of words", "ein kleines Korpus aus Wörtern")] * 20
-    with pytest.raises(DataError, match=r"more than this corpus can fill \(at most \d+\)"):
-        train_tokenizer(pairs, tmp_path / "too-big", vocab_size=100_000)
-    assert list(tmp_path.iterdir()) == []  # no partial model left behind
-
-
 def _logged_steps(out: Path) -> list[int]:
     path = out / "metrics.jsonl"
     if not path.exists():

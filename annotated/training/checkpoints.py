@@ -89,7 +89,7 @@ def save_checkpoint(out: Path, state: dict, keep_last: int) -> Path:
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c013c
-CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "rng", "tokenizer")
+CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "rng", "tokenizer", "config")
 
 
 def unreadable(path: Path, error: Exception) -> str:

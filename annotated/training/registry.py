@@ -103,12 +103,19 @@ def _known(kind, values: dict):
 
 
 def config_from_record(saved: dict) -> TrainConfig:
-    """The TrainConfig that a checkpoint or run.json recorded. Keys this version does not have
-    are dropped (none changes the model), and a record from before the configuration had
-    parts, with every key at the top, is read too."""
+    """The TrainConfig that a checkpoint or run.json recorded. A model setting this version
+    does not have is refused (it would build another model); other unknown keys are dropped.
+    A record from before the configuration had parts, every key at the top, is read too."""
     task = saved.get("task", "copy")
     if task not in TASKS:
         raise ConfigError(f"the record names task {task!r}; known: {', '.join(TASKS)}")
+    newer = sorted(set(saved["model"]) - {f.name for f in fields(ModelConfig)})
+    if newer:
+        raise ConfigError(
+            f"the record's model has settings this version of the code does not know "
+            f"({', '.join(newer)}): it was written by a newer version. Install that version "
+            f"(pip install -U annotated-transformer-book) to use it."
+        )
     if "optim" in saved:
         optim, data = saved["optim"], saved.get("data", {})
     else:  # the older, flat layout: the data scale was called "data"
