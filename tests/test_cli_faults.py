@@ -172,3 +172,17 @@ def test_checkpoints_of_an_older_or_newer_format_get_messages(copy_run, tmp_path
         torch.save(record, path)
         message = error_of(command("translate", "--checkpoint", path, stdin="3 4\n"))
         assert says in message, message
+
+
+def test_a_cache_that_cannot_be_written_names_the_folder_and_the_variable(tmp_path):
+    """A read-only home directory with a cold cache, as a file in the cache's way makes it
+    for any user, root included: the tokenizer cannot be stored."""
+    blocked = tmp_path / "home-file"
+    blocked.write_text("not a folder")
+    r = run_trainer(
+        "--config", "multi30k-cpu", *sets("max_steps=1", "data.vocab=500"),
+        "--out", str(tmp_path / "run"), check=False, XDG_CACHE_HOME=str(blocked / "cache"),
+    )  # fmt: skip
+    message = error_of(r)
+    assert "home-file" in message and "XDG_CACHE_HOME" in message, message
+    assert "Traceback" not in r.stderr

@@ -6,6 +6,7 @@ __all__ = ["main"]
 # %% ../../notebooks/A3_command_lines.ipynb #cli-train-c002e
 # `python -m annotated.cli.train`: train a named configuration, with overrides.
 import argparse
+import errno
 import sys
 from pathlib import Path
 
@@ -64,13 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     except ExpectedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:  # a full disk while logging, or the picture: the checkpoints are saved
-        print(
-            f"error: could not write {e.filename or 'into ' + args.out}: {e.strerror or e}. The "
-            f"checkpoints already in {args.out} are intact; free some space, then run the same "
-            f"command with --resume.",
-            file=sys.stderr,
-        )
+    except OSError as e:  # a full disk, a read-only cache or --out: the checkpoints are saved
+        print(f"error: could not write {e.filename or 'into ' + args.out}: {e.strerror or e}. "
+              f"The checkpoints already in {args.out} are intact; {_remedy(e)}, then run the "
+              f"same command (with --resume if it had begun).", file=sys.stderr)  # fmt: skip
         return 2
     except KeyboardInterrupt:  # before the loop started: nothing to resume from yet
         print("error: interrupted before training began; nothing was written.", file=sys.stderr)
@@ -79,6 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def _remedy(e: OSError) -> str:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return "free some space"
+    return (
+        "make that folder writable, or choose another: XDG_CACHE_HOME for the downloads and "
+        "tokenizers, --out for the run"
+    )
 
 
 if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook
