@@ -262,3 +262,25 @@ def test_faults_at_random_points_of_a_two_process_run_lose_nothing(tmp_path):
     assert not [p for p in (out / "checkpoints").iterdir() if p.suffix == ".tmp"], (seed, codes)
     assert {code for _, code in codes} <= {0, 1, 2, 75, -9}, (seed, codes)
     print(f"FAULT_SEED={seed}: {codes}")  # shown with pytest -s
+
+
+def test_when_one_process_dies_the_other_says_how_to_continue(tmp_path):
+    """SIGKILL to one trainer of two (the kernel's out-of-memory killer, a failed machine): the
+    survivor reports it in words, not with the communication library's traceback."""
+    out = tmp_path / "run"
+    cmd = [*TORCHRUN_2, "annotated.cli.train", "--no-progress", "--config", "copy", *TINY]
+    cmd += [*sets("max_steps=100000", "checkpoint_every=5"), "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while not checkpoint_names(out) and time.time() < deadline:
+            time.sleep(0.05)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        os.kill(int(children[-1]), signal.SIGKILL)  # the second trainer
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    survivor = [line for line in err.splitlines() if "another process of this run stopped" in line]
+    assert survivor and "--resume" in survivor[0], err[-3000:]
+    assert "[rank0]: RuntimeError" not in err and "[rank0]: Traceback" not in err, err[-3000:]

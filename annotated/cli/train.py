@@ -20,7 +20,7 @@ from ..training.trainer import train
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-train-c017
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m annotated.cli.train", description="Train a Transformer (paper section 5)."
     )
@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--plot", metavar="PNG", help="when done, draw loss, learning rate and speed (chapter 9b)"
     )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if not args.out.strip():
         ap.error("--out must name a folder (an empty name would train into the current one)")
@@ -65,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     except ExpectedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # a collective that failed because another process died
+        if not (dist.is_initialized() and _peer_lost(e)):
+            raise
+        print(f"error: another process of this run stopped ({str(e).splitlines()[0][:160]}). "
+              f"The checkpoints in {args.out} are intact: find the cause in that process's "
+              f"output, then run the same command with --resume.", file=sys.stderr)  # fmt: skip
+        return 2
     except OSError as e:  # a full disk, a read-only cache or --out: the checkpoints are saved
         print(f"error: could not write {e.filename or 'into ' + args.out}: {e.strerror or e}. "
               f"The checkpoints already in {args.out} are intact; {_remedy(e)}, then run the "
@@ -77,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def _peer_lost(e: RuntimeError) -> bool:
+    """Did a collective fail because a peer process went away (gloo's or NCCL's report)?"""
+    said = str(e)
+    return isinstance(e, dist.DistError) or any(
+        s in said for s in ("Connection reset", "Connection closed", "NCCL", "gloo")
+    )
 
 
 def _remedy(e: OSError) -> str:
