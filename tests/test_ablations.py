@@ -77,3 +77,21 @@ def test_bad_settings_are_refused_with_a_message(tmp_path, args, says):
     r = ablate("--runs", tmp_path / "r", "--results", tmp_path / "s", *args)
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_row_stopped_half_way_continues_from_its_checkpoint(tmp_path):
+    """An interrupted sweep leaves a row's folder with checkpoints and no result; the same
+    command then resumes that row instead of refusing its folder."""
+    from annotated.experiments.table3 import run_variation
+    from annotated.training.trainer import train
+
+    common = ["precision=fp32"]
+    first = build_config(BASE, [*common, *VARIATIONS["base"], "max_steps=2"])
+    train(first, tmp_path / "runs" / "base", progress=False)  # the row, stopped at step 2
+    row = run_variation(
+        "base", config=BASE, steps=4, runs=tmp_path / "runs", results=tmp_path / "results",
+        sentences=5, common=common,
+    )  # fmt: skip
+    record = json.loads((tmp_path / "runs" / "base" / "run.json").read_text())
+    assert row["steps"] == 4 and record["from_step"] == 2, record
+    assert (tmp_path / "results" / "base.json").exists()
