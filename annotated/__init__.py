@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .batching import BOS, EOS, PAD, Batch, TokenBatchSampler, make_batch
+    from .batching import BOS, EOS, PAD, Batch, BucketSampler, make_batch
     from .bleu import lowercase_tokenized_bleu, sacrebleu_score, tokenized_bleu
     from .data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
     from .decoding import beam_search, greedy_decode, length_penalty
@@ -63,7 +63,7 @@ _MODULE_OF = {
     "EOS": "batching",
     "Batch": "batching",
     "make_batch": "batching",
-    "TokenBatchSampler": "batching",
+    "BucketSampler": "batching",
     "LabelSmoothing": "loss",
     "FusedLabelSmoothing": "loss",
     "rate": "schedule",
@@ -112,7 +112,7 @@ __all__ = [
     "EOS",
     "Batch",
     "make_batch",
-    "TokenBatchSampler",
+    "BucketSampler",
     "LabelSmoothing",
     "FusedLabelSmoothing",
     "rate",

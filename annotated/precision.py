@@ -56,12 +56,15 @@ class Precision:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
     def step(self, optimizer, parameters, max_grad_norm: float | None = None):
-        """Unscale, clip (if max_grad_norm), update -> (gradient norm or None, skipped?)."""
+        """Unscale, clip (if max_grad_norm), update -> (gradient norm, skipped?)."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)  # the true gradients, for clipping
-        norm = None
+        parameters = [p for p in parameters if p.grad is not None]
         if max_grad_norm is not None:
             norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm))
+        else:  # measured all the same, for the logs: one norm per tensor, then theirs
+            norms = [torch.linalg.vector_norm(p.grad) for p in parameters]
+            norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
         if self.scaler is None:
             optimizer.step()
             return norm, False

@@ -140,7 +140,7 @@ class TorchTransformer(nn.Module):
 
 
 def random_batches(n, vocab, tokens, seed=0):
-    """n random batches shaped like Multi30k's under TokenBatchSampler: sources of one length (the
+    """n random batches shaped like Multi30k's under BucketSampler: sources of one length (the
     sampler sorts by source length) and targets padded by about 6% (measured on the first 200
     batches of the multi30k-cpu task: 0.2% source and 6.0% target padding)."""
     g = torch.Generator().manual_seed(seed)

@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     model, tokenizer, cfg = load_model(checkpoint_paths(args.run))
-    test, load = next(iter(TASKS[cfg.task].test_sets.items()))
-    sources = [s for s, _ in load(cfg)][: args.sentences]
+    test, load = next(iter(TASKS[cfg.task].test_sets(cfg).items()))
+    sources = [s for s, _ in load()][: args.sentences]
     command = "python benchmarks/translate_speed.py " + " ".join(argv or sys.argv[1:])
     report = provenance(command, torch.device("cpu"))
     report.update(

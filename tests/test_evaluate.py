@@ -30,7 +30,7 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
         ("10 11 12 3 4", "10 11 12 3 4"),
         ("5 5 6", "5 5 6"),
     ]
-    monkeypatch.setattr(CopyTask, "test_sets", {"toy": lambda cfg: pairs})
+    monkeypatch.setattr(CopyTask, "test_sets", staticmethod(lambda cfg: {"toy": lambda: pairs}))
     report = evaluation.evaluate_run(copy_run, last=3)
     assert report["checkpoints"] == ["ckpt_00000200.pt", "ckpt_00000300.pt", "ckpt_00000400.pt"]
     toy = report["tests"]["toy"]
@@ -149,10 +149,10 @@ def test_bleu_cli_strips_a_byte_order_mark_and_names_bad_bytes(tmp_path):
 def test_cli_turns_missing_data_and_ctrl_c_into_messages(copy_run, monkeypatch, capsys):
     from annotated.errors import DataError
 
-    def missing(cfg):
+    def missing():
         raise DataError("toy.de not found: looked for /nowhere/toy.de")
 
-    monkeypatch.setattr(CopyTask, "test_sets", {"toy": missing})
+    monkeypatch.setattr(CopyTask, "test_sets", staticmethod(lambda cfg: {"toy": missing}))
     assert evaluate.main(["--run", str(copy_run)]) == 2
     assert "error: toy.de not found" in capsys.readouterr().err
 
@@ -169,7 +169,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_plot_scores_each_checkpoint_and_draws_the_run(copy_run, tmp_path, monkeypatch, capsys):
     pairs = [("3 4 5 6", "3 4 5 6"), ("7 8 9 10", "7 8 9 10"), ("11 12 3", "11 12 3")]
-    monkeypatch.setattr(CopyTask, "test_sets", {"toy": lambda cfg: pairs})
+    monkeypatch.setattr(CopyTask, "test_sets", staticmethod(lambda cfg: {"toy": lambda: pairs}))
     scores = evaluation.bleu_per_checkpoint(copy_run)
     assert sorted(scores) == [100, 200, 300, 400]  # the step of every kept checkpoint
     assert scores[400] >= 90 and all(0 <= s <= 100 + 1e-9 for s in scores.values())

@@ -207,7 +207,9 @@ def test_mypy_checks_the_task_protocol(tmp_path):
         "from annotated.training.registry import Task\n"
         "from annotated.training.tasks.copy import CopyTask\n\n"
         "class NoBatches:\n"
-        "    test_sets: dict = {}\n"
+        "    @staticmethod\n"
+        "    def test_sets(cfg) -> dict:\n"
+        "        return {}\n\n"
         "    def __init__(self, cfg) -> None:\n"
         "        self.src_vocab = self.tgt_vocab = self.per_step = 1\n\n"
         "good: type[Task] = CopyTask\n"
@@ -220,7 +222,7 @@ def test_mypy_checks_the_task_protocol(tmp_path):
         cwd=ROOT,
     )
     errors = [line for line in r.stdout.splitlines() if ": error:" in line]
-    assert len(errors) == 1 and "bad_task.py:10:" in errors[0] and "NoBatches" in errors[0], (
+    assert len(errors) == 1 and "bad_task.py:13:" in errors[0] and "NoBatches" in errors[0], (
         r.stdout
     )
 

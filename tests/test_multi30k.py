@@ -13,8 +13,9 @@ def test_sources_end_and_targets_are_framed():
     task = Multi30kTask(cfg)
     pairs = load_multi30k("train")
     first_src, first_tgt = pairs[0]
-    assert task.src[0] == task.tokenizer.encode(first_src) + [EOS]
-    assert task.tgt[0] == [BOS] + task.tokenizer.encode(first_tgt) + [EOS]
+    encoded = task.tokenizer.encode(first_src), task.tokenizer.encode(first_tgt)
+    assert task.corpus.pair(0) == encoded  # the ids alone; the markers come with the batch
+    assert task.lengths[0].tolist() == [len(encoded[0]) + 1, len(encoded[1]) + 2]
     batch = task.micro_batch(3, 0)
     for src_row, tgt_row in zip(
         batch.src.tolist(), torch.cat([batch.tgt[:, :1], batch.tgt_y], 1).tolist()
@@ -23,7 +24,7 @@ def test_sources_end_and_targets_are_framed():
         assert src_row[-1] == EOS and EOS not in src_row[:-1] and BOS not in src_row
         assert tgt_row[0] == BOS and tgt_row[-1] == EOS and EOS not in tgt_row[:-1]
     # <s> is not predicted
-    assert batch.ntokens == sum(len(task.tgt[i]) - 1 for i in task.epoch(0)[3])
+    assert batch.ntokens == sum(task.lengths[i, 1] - 1 for i in task.epoch(0)[3])
 
 
 class EchoModel(torch.nn.Module):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from annotated import make_model
-from annotated.batching import BOS, EOS, PAD, Batch, TokenBatchSampler
+from annotated.batching import BOS, EOS, PAD, Batch
 from annotated.decoding import greedy_decode
 from annotated.loss import LabelSmoothing
 from annotated.schedule import make_optimizer, rate
@@ -93,23 +93,6 @@ def test_scheduler_follows_rate_per_optimizer_step():
         sched.step()
 
 
-def test_token_sampler_budget_coverage_and_determinism():
-    lengths = [(n % 37 + 1, n % 23 + 2) for n in range(500)]
-    s = TokenBatchSampler(lengths, max_tokens=200, seed=3)
-    batches = s.batches()
-    assert sorted(i for b in batches for i in b) == list(range(500))
-    for b in batches:
-        assert len(b) * max(max(lengths[i]) for i in b) <= 200
-    assert TokenBatchSampler(lengths, max_tokens=200, seed=3).batches() == batches
-    s.set_epoch(1)
-    assert s.batches() != batches
-
-
-def test_token_sampler_rejects_examples_over_budget():
-    with pytest.raises(ValueError, match="example 1 has 300 tokens"):
-        TokenBatchSampler([(5, 5), (300, 2)], max_tokens=100)
-
-
 def test_accumulation_equals_one_big_batch():
     torch.manual_seed(0)
     ref = make_model(10, 10, N=1, d_model=16, d_ff=32, h=2, dropout=0.0).double()
@@ -166,14 +149,3 @@ def test_copy_task_learns_to_copy():
     exact = ((got == test.tgt_y) | (test.tgt_y == PAD)).all(1).float().mean().item()
     # typically 97-100%, whatever the CPU and threads
     assert exact >= 0.9, f"only {exact:.1%} exact copies"
-
-
-def test_token_sampler_fills_each_batch_by_the_longer_side():
-    """The budget counts padded tokens of the longer side (paper 5.1: ~25,000 source and 25,000
-    target tokens): a batch closes only when one more example would overflow it."""
-    lengths = [(n % 37 + 1, (n * 7) % 23 + 2) for n in range(500)]
-    batches = TokenBatchSampler(lengths, max_tokens=200, shuffle=False).batches()
-    for batch, following in zip(batches, batches[1:]):
-        longest = max(max(lengths[i]) for i in batch + following[:1])
-        assert (len(batch) + 1) * longest > 200, batch  # the next example would not have fitted
-        assert len(batch) * max(max(lengths[i]) for i in batch) <= 200

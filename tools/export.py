@@ -54,7 +54,7 @@ READER_API = {
         "TRANSFORMER_BIG",
         "count_parameters",
     ],
-    "batching": ["PAD", "BOS", "EOS", "Batch", "make_batch", "TokenBatchSampler"],
+    "batching": ["PAD", "BOS", "EOS", "Batch", "make_batch", "BucketSampler"],
     "loss": ["LabelSmoothing", "FusedLabelSmoothing"],
     "schedule": ["rate", "make_optimizer"],
     "fast": ["make_fast"],

@@ -115,7 +115,7 @@ def bleu_on_test2016(run: Path, last: int = 5, every_bleu: bool = False) -> dict
     """BLEU on test2016, beam 4, alpha 0.6, of the average of the run's last `last` checkpoints
     (5, as the profiles keep): sacreBLEU, and with `every_bleu` every score of `evaluate`."""
     model, tokenizer, cfg = load_model(checkpoint_paths(run)[-last:], device=DEVICE)
-    pairs = TASKS[cfg.task].test_sets["test2016"](cfg)
+    pairs = TASKS[cfg.task].test_sets(cfg)["test2016"]()
     start = time.time()
     hyps = translate(model, tokenizer, [s for s, _ in pairs], beam_size=4, alpha=0.6)
     seconds = time.time() - start

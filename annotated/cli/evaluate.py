@@ -14,6 +14,8 @@ from ..errors import ExpectedError
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
 from ..experiments.plots import save_run_plot
 from ..files import check_writable
+from ..training.checkpoints import checkpoint_step
+from ..training.tensorboard import board_scores
 from .translate import out_of_memory
 
 
@@ -43,20 +45,37 @@ def _parser() -> argparse.ArgumentParser:
         help="also draw the run on one page: loss, learning rate, throughput and the BLEU of "
         "each kept checkpoint (scored on the first test set) beside their average",
     )
+    ap.add_argument(
+        "--tensorboard", metavar="FOLDER", help="also write those BLEU scores for TensorBoard"
+    )
     return ap
 
 
-def _plot(args, report: dict) -> Path:
-    """The run on one page (save_run_plot), with each kept checkpoint scored alone."""
-    first = next(iter(report["tests"].values()))
-    per_checkpoint = bleu_per_checkpoint(
+def _per_checkpoint(args) -> dict[int, float]:
+    return bleu_per_checkpoint(
         args.run, limit=args.limit, beam_size=args.beam, alpha=args.alpha, device=args.device
     )
+
+
+def _plot(args, report: dict, per_checkpoint: dict[int, float]) -> Path:
+    """The run on one page (save_run_plot), with each kept checkpoint scored alone."""
+    first = next(iter(report["tests"].values()))
     _, metrics, _ = read_run(args.run)
     title = f"{Path(args.run).name}: sacreBLEU on {next(iter(report['tests']))}"
     return save_run_plot(
         args.plot, metrics, bleu=per_checkpoint, averaged=first["sacrebleu"], title=title
     )
+
+
+def _board(args, report: dict, per_checkpoint: dict[int, float]) -> Path:
+    """TensorBoard's BLEU curves: each kept checkpoint on the first test set, and the average
+    on every test set at the newest checkpoint's step."""
+    newest = checkpoint_step(Path(report["checkpoints"][-1]))
+    curves = {next(iter(report["tests"])): per_checkpoint}
+    for name, scores in report["tests"].items():
+        curves[f"{name} (averaged)"] = {newest: scores["sacrebleu"]}
+    board_scores(args.tensorboard, curves)
+    return Path(args.tensorboard)
 
 
 def _print_scores(report: dict):
@@ -117,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
                 ["python -m annotated.cli.evaluate", *(sys.argv[1:] if argv is None else argv)]
             )
             print("wrote", write_results(args.results, args.run, report, command=command))
+        scored = _per_checkpoint(args) if args.plot or args.tensorboard else {}
         if args.plot:
-            print("wrote", _plot(args, report))
+            print("wrote", _plot(args, report, scored))
+        if args.tensorboard:
+            print("wrote", _board(args, report, scored))
     except (ExpectedError, ValueError) as e:  # ValueError: missing test data, a line too long
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -4,31 +4,101 @@
 __all__ = ["main"]
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-prepare-c002c
-# `python -m annotated.cli.prepare`: prepare the data a named configuration trains on.
+# `python -m annotated.cli.prepare`: prepare the data a named configuration trains on, or a corpus
+# of your own from text files.
 import argparse
+import json
 import sys
+from pathlib import Path
 
-from ..errors import ExpectedError
-from ..training.registry import CONFIGS, build_config
+from ..data.parallel import load_prepared, prepare_parallel, split_tsv
+from ..data.preparation import Prepared
+from ..data.tokenizer import Tokenizer, load_tokenizer
+from ..errors import DataError, ExpectedError
+from ..training.registry import CONFIGS, TASKS, build_config, config_from_record
 from ..training.tasks.wmt14 import prepare_for
 
 
+# %% ../../notebooks/A3_command_lines.ipynb #cli-prepare-c040
+def _files(value: str, flag: str) -> tuple[Path, Path]:
+    parts = value.split(",")
+    if len(parts) != 2 or not all(parts):
+        raise DataError(f"{flag} {value}: expected two files joined by a comma, SOURCE,REFERENCE")
+    return Path(parts[0]), Path(parts[1])
+
+
+def _own(args) -> Prepared:
+    langs = tuple(args.langs) if args.langs else None
+    if args.tsv:
+        src, tgt = split_tsv(args.tsv, Path(args.out) / "raw", langs or ("src", "tgt"))
+    else:
+        src, tgt = Path(args.src), Path(args.tgt)
+    tests = {}
+    for item in args.test:
+        name, sep, pair = item.partition("=")
+        if not sep:
+            raise DataError(f"--test {item}: expected NAME=SOURCE,REFERENCE")
+        tests[name] = _files(pair, "--test")
+    valid = _files(args.valid, "--valid") if args.valid else None
+    tokenizer = _tokenizer_of(args.tokenizer) if args.tokenizer else None
+    return prepare_parallel(
+        src, tgt, args.out, valid=valid, tests=tests, langs=langs, vocab_size=args.vocab,
+        tokenizer=tokenizer,
+    )  # fmt: skip
+
+
+def _tokenizer_of(path: Path) -> Tokenizer:
+    """The tokenizer of a SentencePiece model file, a prepared folder, or a training run."""
+    if (path / "run.json").is_file():
+        cfg = config_from_record(json.loads((path / "run.json").read_text())["config"])
+        tokenizer = TASKS[cfg.task].tokenizer_for(cfg)
+        if not isinstance(tokenizer, Tokenizer):
+            raise DataError(f"--tokenizer {path}: the {cfg.task} task has no subword tokenizer")
+        return tokenizer
+    if path.is_dir():
+        return load_prepared(path).tokenizer
+    if not path.is_file():
+        raise DataError(f"--tokenizer {path}: give a .model file, a prepared folder or a run")
+    return load_tokenizer(path)
+
+
 # %% ../../notebooks/A3_command_lines.ipynb #cli-prepare-c080
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m annotated.cli.prepare",
-        description="Fetch, clean, tokenize and encode the WMT14 data of a configuration.",
+        description="Prepare WMT14 for a named configuration, or a corpus of your own.",
     )
     wmt = sorted(name for name, make in CONFIGS.items() if make().task == "wmt14")
-    ap.add_argument("--config", required=True, help=f"named configuration: {', '.join(wmt)}")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--config", help=f"named WMT14 configuration: {', '.join(wmt)}")
+    what.add_argument("--src", type=Path, help="your training sources, one sentence a line")
+    what.add_argument("--tsv", type=Path, help="your training pairs, SOURCE<tab>TARGET a line")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--tgt", type=Path, help="your training targets, line-aligned with --src")
+    ap.add_argument("--out", type=Path, help="the folder to prepare your corpus into")
+    ap.add_argument("--valid", metavar="SRC,REF", help="a validation pair of files")
+    ap.add_argument("--test", action="append", default=[], metavar="NAME=SRC,REF")
+    ap.add_argument("--vocab", type=int, default=8000, help="shared BPE pieces (default 8000)")
+    ap.add_argument("--langs", nargs=2, metavar=("SRC", "TGT"), help="language codes")
+    ap.add_argument(
+        "--tokenizer", type=Path, help="reuse this tokenizer (a .model, prepared folder or run)"
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
+    if args.config is None and (args.out is None or (args.src and args.tgt is None)):
+        ap.error("a corpus of your own needs --out, and --tgt beside --src")
     try:
-        cfg = build_config(args.config, args.set)
-        if cfg.task != "wmt14":
-            print(f"{args.config}: task {cfg.task!r} prepares its data itself; nothing to do.")
+        if args.config is None:
+            prepared = _own(args)
+        elif build_config(args.config, args.set).task != "wmt14":
+            print(f"{args.config}: its task prepares its data itself; nothing to do.")
             return 0
-        prepared = prepare_for(cfg)
+        else:
+            prepared = prepare_for(build_config(args.config, args.set))
     except ExpectedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -40,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{prepared.pair} ({prepared.scale}): {len(corpus):,} training pairs encoded in "
         f"{prepared.folder}, tokenizer {prepared.tokenizer.fingerprint}"
     )
+    if args.config is None:
+        print(
+            f"train with: python -m annotated.cli.train --config parallel "
+            f"--set data.path={prepared.folder} --out runs/NAME"
+        )
     return 0
 
 

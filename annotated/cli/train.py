@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue from the newest checkpoint in --out"
     )
     ap.add_argument("--max-steps", type=int, help="shorthand for --set max_steps=N")
+    ap.add_argument(
+        "--init", metavar="CHECKPOINT", help="fine-tune: start from its weights (--set init=...)"
+    )
+    ap.add_argument("--tensorboard", metavar="FOLDER", help="also write the curves there")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument(
         "--plot", metavar="PNG", help="when done, draw loss, learning rate and speed (chapter 9b)"
@@ -56,11 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # --max-steps 0 is refused by the configuration's checks, not ignored
         steps = [] if args.max_steps is None else [f"max_steps={args.max_steps}"]
-        cfg = build_config(args.config, args.set + steps)
+        init = [] if args.init is None else [f"init={args.init}"]
+        cfg = build_config(args.config, args.set + steps + init)
         command = " ".join(
             ["python -m annotated.cli.train", *(sys.argv[1:] if argv is None else argv)]
         )
-        train(cfg, args.out, resume=args.resume, progress=not args.no_progress, command=command)
+        train(
+            cfg,
+            args.out,
+            resume=args.resume,
+            progress=not args.no_progress,
+            command=command,
+            tensorboard=args.tensorboard,
+        )
         if args.plot and (not dist.is_initialized() or dist.get_rank() == 0):
             metrics = read_metrics(Path(args.out) / "metrics.jsonl")[0]
             print("wrote", save_run_plot(args.plot, metrics, title=f"{args.config}: {args.out}"))

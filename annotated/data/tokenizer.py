@@ -104,6 +104,6 @@ def train_tokenizer(
         raise DataError(
             f"a vocabulary of {vocab_size:,} pieces is more than this corpus can fill (at most "
             f"{int(most.group(1)):,}); choose a smaller size, such as the book's 8,000 "
-            f"(--set data.vocab=8000)."
+            f"(--set data.vocab=8000 for a named configuration, --vocab 8000 for prepare)."
         ) from None
     return load_tokenizer(final)

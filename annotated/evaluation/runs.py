@@ -65,11 +65,11 @@ def evaluate_run(
     Returns scores per test set, plus the translations under "translations"."""
     run_dir = Path(run_dir)
     model, tokenizer, cfg, paths = _load_kept(run_dir, last, device)
-    test_sets = TASKS[cfg.task].test_sets
+    test_sets = TASKS[cfg.task].test_sets(cfg)
     if not test_sets:
         raise TrainingError(
-            f"{run_dir}: task {cfg.task!r} has no test sets; evaluate a run of a task that "
-            f"has (tasks with test sets: {', '.join(k for k, t in TASKS.items() if t.test_sets)})"
+            f"{run_dir}: task {cfg.task!r} has no test sets, so there is nothing to translate "
+            f"and score; evaluate a run of a task that has them (multi30k, wmt14, parallel)."
         )
     report: dict[str, Any] = {
         "checkpoints": [p.name for p in paths],
@@ -79,7 +79,7 @@ def evaluate_run(
         "translations": {},
     }
     for name, load in test_sets.items():
-        every = load(cfg)
+        every = load()
         pairs = every[:limit] if limit else every
         start = time.time()
         hyps = translate(
@@ -191,8 +191,8 @@ def bleu_per_checkpoint(
     scores = {}
     for path in checkpoint_paths(Path(run_dir)):
         model, tokenizer, cfg = load_model([path], device)
-        load = next(iter(TASKS[cfg.task].test_sets.values()))
-        pairs = load(cfg)[:limit] if limit else load(cfg)
+        load = next(iter(TASKS[cfg.task].test_sets(cfg).values()))
+        pairs = load()[:limit] if limit else load()
         hyps = translate(model, tokenizer, [s for s, _ in pairs], beam_size=beam_size, alpha=alpha)
         scores[int(path.stem.removeprefix("ckpt_"))] = sacrebleu_score(hyps, [r for _, r in pairs])[
             0

@@ -15,6 +15,8 @@ __all__ = [
     "diverged",
     "rng_state",
     "restore_rng_state",
+    "ARCHITECTURE",
+    "initial_weights",
 ]
 
 # %% ../../notebooks/06c_trainer.ipynb #c002c
@@ -200,3 +202,32 @@ def restore_rng_state(state: dict):
     random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# %% ../../notebooks/13_your_own_corpus.ipynb #c051
+ARCHITECTURE = (  # every model setting but the dropouts
+    *("N", "d_model", "d_ff", "h", "d_k"),
+    *("share_embeddings", "norm_first", "learned_positions", "max_len"),
+)
+
+
+def initial_weights(model, path: Path, cfg, fingerprint: str) -> None:
+    """Fine-tuning: the weights of `path`, a checkpoint of another run, loaded into `model`;
+    not its optimiser, schedule or step. Refused unless its tokenizer and model are this run's."""
+    state = load_checkpoint(path)
+    if state["tokenizer"] != fingerprint:
+        raise TrainingError(
+            f"--init {path} was trained with tokenizer {state['tokenizer']}, but this run's "
+            f"data is tokenized by {fingerprint}: the same ids would mean other words. Prepare "
+            f"the new data with the trained run's tokenizer (prepare --tokenizer), then start "
+            f"again."
+        )
+    theirs = state["config"].get("model", {})
+    differ = [k for k in ARCHITECTURE if k in theirs and theirs[k] != getattr(cfg.model, k)]
+    if differ:
+        flags = " ".join(f"--set model.{k}={str(theirs[k]).lower()}" for k in differ)
+        raise TrainingError(
+            f"--init {path} is another model: its {', '.join(differ)} differ from this run's. "
+            f"Train with its settings: {flags}."
+        )
+    load_weights(model, state["model"], path)

@@ -21,6 +21,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
@@ -79,6 +80,7 @@ class TrainConfig:
     keep_last: int = 5  # checkpoints kept (the paper averages the last 5 / 20)
     log_every: int = 100  # steps between metrics-log lines
     seed: int = 0
+    init: str = ""  # fine-tuning: start from this checkpoint's weights (chapter 13)
     # speed (chapter 6b): the same model and loss; precision also changes the rounding
     fast: bool = True  # make_fast(model) and FusedLabelSmoothing; False: the reference path
     precision: str = "auto"  # fp32, bf16, fp16 (with a gradient scaler); auto: per device
@@ -206,6 +208,7 @@ def validate_config(cfg: TrainConfig) -> TrainConfig:
             "must be 0 (off) or a positive number of minutes",
         ),
         (0 <= cfg.seed < 2**63, "seed", "must be a whole number from 0 to 2**63 - 1"),
+        (not cfg.init or Path(cfg.init).is_file(), "init", "must name a checkpoint file"),
     ]
     for ok, key, why in rules:
         if not ok:

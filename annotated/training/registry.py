@@ -15,7 +15,7 @@ __all__ = [
 # Every task and named configuration in one table, and what a task must offer the trainer.
 from collections.abc import Callable, Mapping
 from dataclasses import fields
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from ..batching import Batch
 from ..errors import ConfigError
@@ -38,7 +38,6 @@ class Task(Protocol):
     """What the trainer needs of a task: its batches, its tokenizer and its test sets."""
 
     Data: ClassVar[type[TaskData]]  # the type of cfg.data for this task
-    test_sets: ClassVar[Mapping[str, Callable[..., Any]]]  # name -> (cfg) -> [(src, ref)]
     per_step: int  # micro-batches per optimiser step, all processes: set by the trainer
 
     @property
@@ -51,6 +50,8 @@ class Task(Protocol):
     def __init__(self, cfg: TrainConfig) -> None: ...
     @staticmethod
     def tokenizer_for(cfg: TrainConfig) -> TextTokenizer: ...  # without loading the data
+    @staticmethod
+    def test_sets(cfg: TrainConfig) -> Mapping[str, Callable[[], list]]: ...  # name -> loader
     def micro_batch(self, step: int, index: int) -> Batch: ...  # a pure function of its arguments
 
 
@@ -70,11 +71,13 @@ from annotated.training.tasks.wmt14 import (
 )
 
 from .tasks.copy import CopyTask, copy_config
+from .tasks.parallel import ParallelTask, parallel_base_config, parallel_config
 
 TASKS: dict[str, type[Task]] = {
     "copy": CopyTask,  # chapter 6c: random sequences to copy
     "multi30k": Multi30kTask,  # chapter 9: 29,000 image captions, en-de
     "wmt14": Wmt14Task,  # chapter 11: WMT14 en-de (4.5M pairs) or en-fr
+    "parallel": ParallelTask,  # chapter 13: a corpus of your own, prepared from text files
 }
 CONFIGS: dict[str, Callable[[], TrainConfig]] = {
     "copy": copy_config,  # chapter 6's experiment
@@ -85,6 +88,8 @@ CONFIGS: dict[str, Callable[[], TrainConfig]] = {
     "wmt14-base": wmt14_base_config,  # chapter 11: the paper's base model
     "wmt14-big": wmt14_big_config,  # chapter 11: the paper's big model, en-de
     "wmt14-enfr-big": wmt14_enfr_big_config,  # chapter 11: the big model, en-fr
+    "parallel": parallel_config,  # chapter 13: your corpus, the CPU profile's model, 30 minutes
+    "parallel-base": parallel_base_config,  # chapter 13: your corpus, the paper's base model
 }
 
 

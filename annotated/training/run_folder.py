@@ -29,6 +29,7 @@ from .checkpoints import checkpoint_paths
 from .config import TrainConfig
 from .distributed import all_sum
 from .registry import config_from_record
+from .tensorboard import board_record, open_board
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c013c2
@@ -120,9 +121,11 @@ class Progress:
     """The progress bar and metrics.jsonl of the first process (the others write nothing)."""
 
     def __init__(
-        self, out: Path, cfg: TrainConfig, step: int, earlier: float, *, writes: bool, bar: bool
-    ):
-        """`earlier`: the seconds that earlier sessions of a resumed run trained."""
+        self, out: Path, cfg: TrainConfig, step: int, earlier: float, *, writes: bool, bar: bool,
+        board=None,
+    ):  # fmt: skip
+        """`earlier`: the seconds that earlier sessions of a resumed run trained; `board`: a
+        folder for TensorBoard's curves too (chapter 13)."""
         path = out / "metrics.jsonl"
         if writes:
             refuse_link(path)  # never read, rewrite or append through a link
@@ -131,6 +134,7 @@ class Progress:
             kept = "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step)
             write_text_atomic(path, kept)
         self.log = open_in_place(path) if writes else None
+        self.board = open_board(board, step) if writes and board else None
         self.bar = tqdm(
             total=cfg.max_steps,
             initial=step,
@@ -144,7 +148,7 @@ class Progress:
         self.window_tokens, self.window_waited = 0, 0.0
 
     def update(
-        self, step, loss, lr, tokens: int, skipped=None, *, waited: float = 0.0, last=False
+        self, step, loss, lr, tokens: int, skipped=None, *, waited=0.0, last=False, grad_norm=None
     ) -> None:
         """skipped: fp16 steps skipped so far; waited: seconds spent waiting for data so far;
         last: the run ends at this step (its time limit), which is logged whatever the step."""
@@ -163,14 +167,19 @@ class Progress:
             record["data_wait"] = (waited - self.window_waited) / elapsed if elapsed > 0 else 0.0
             if skipped is not None:  # fp16: optimiser steps skipped so far
                 record["skipped_steps"] = skipped
+            record["grad_norm"] = grad_norm
             self.log.write(json.dumps(record) + "\n")
             self.log.flush()
+            if self.board:
+                board_record(self.board, record)
             self.window_tokens, self.window_start, self.window_waited = 0, time.time(), waited
 
     def close(self) -> None:
         self.bar.close()
         if self.log:
             self.log.close()
+        if self.board:
+            self.board.close()
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c015e0

@@ -17,6 +17,7 @@ from annotated.training.checkpoints import (
     checkpoint_paths,
     checkpoint_step,
     diverged,
+    initial_weights,
     load_checkpoint,
     load_weights,
     restore_rng_state,
@@ -163,7 +164,8 @@ def _resume(run: Run, path: Path, cfg: TrainConfig, rank: int, world: int) -> di
 
 # %% ../../notebooks/06c_trainer.ipynb #c015c
 def run_step(run: Run, model, cfg: TrainConfig, rank: int, world: int, device, batches):
-    """One optimiser step -> (mean loss per target token, learning rate used, target tokens).
+    """One optimiser step -> (mean loss per target token, learning rate used, target tokens,
+    gradient norm).
     `batches`: the Prefetcher of this process's micro-batches (below)."""
     torch.manual_seed(cfg.seed * 1_000_003 + run.step * 7_919 + rank)  # masks follow the step
     micro = batches.get(run.step)  # on the device
@@ -181,7 +183,8 @@ def run_step(run: Run, model, cfg: TrainConfig, rank: int, world: int, device, b
         max_grad_norm=cfg.optim.max_grad_norm or None,
     )
     run.step += 1
-    return all_sum(stats["loss_sum"], world, device) / total_tokens, lr, total_tokens
+    loss = all_sum(stats["loss_sum"], world, device) / total_tokens
+    return loss, lr, total_tokens, stats["grad_norm"]
 
 
 def run_batches(run: Run, rank: int, device, last: int) -> Prefetcher:
@@ -235,17 +238,21 @@ def train(
     resume: bool = False,
     progress: bool = True,
     command: str | None = None,
+    tensorboard: str | None = None,
 ) -> dict:
     """Train according to `cfg`, writing checkpoints and metrics under `out_dir`. Returns a summary.
 
-    `command`, if given, is recorded in run.json (the command line uses it for provenance)."""
+    `command`, if given, is recorded in run.json (the command line uses it for provenance);
+    `tensorboard`, a folder, receives the logged curves for TensorBoard too (chapter 13)."""
     validate_config(cfg)
     rank, world, device = setup_distributed()
     out = Path(out_dir)
     lock = own_run_folder(out, rank, world, device)  # one trainer per folder
     try:
         with StopRequests() as stop:  # SIGTERM: finish the step, save it, stop
-            summary = _train_locked(cfg, out, rank, world, device, resume, progress, command, stop)
+            summary = _train_locked(
+                cfg, out, rank, world, device, resume, progress, command, stop, tensorboard
+            )
         finish_distributed(world)
         return summary
     finally:  # however the run ends, the folder is free again
@@ -264,10 +271,13 @@ def _train_locked(
     progress: bool,
     command: str | None,
     stop: StopRequests,
+    board: str | None,
 ) -> dict:
     resume_from = check_run_folder(out, cfg, resume, owner=rank == 0)
     run = build_run(cfg, world, device)
     saved = _resume(run, resume_from, cfg, rank, world) if resume_from is not None else None
+    if resume_from is None and cfg.init:  # fine-tuning: weights only (chapter 13)
+        initial_weights(run.model, Path(cfg.init), cfg, run.task.tokenizer.fingerprint)
     precision = run.precision = run_precision(cfg, run, device, world, saved)
     if rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -277,7 +287,8 @@ def _train_locked(
     model = torch.nn.parallel.DistributedDataParallel(run.model) if world > 1 else run.model
     if cfg.compile:
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]  # batches change shape from step to step
-    log = Progress(out, cfg, run.step, run.seconds, writes=rank == 0, bar=progress)
+    writes = rank == 0
+    log = Progress(out, cfg, run.step, run.seconds, writes=writes, bar=progress, board=board)
     batches = run_batches(run, rank, device, cfg.max_steps)
     last_path, loss, run_tokens, last_time = None, None, 0, time.time()
     earlier = run.seconds  # what a resumed run had trained before
@@ -285,14 +296,17 @@ def _train_locked(
     run.model.train()
     try:
         while run.step < cfg.max_steps and not time_up:
-            loss, lr, tokens = run_step(run, model, cfg, rank, world, device, batches)
+            loss, lr, tokens, norm = run_step(run, model, cfg, rank, world, device, batches)
             if not math.isfinite(loss):
                 raise diverged(out, run.step, f"the loss became {loss}")
             run_tokens += tokens
             run.seconds = earlier + time.time() - log.start
             time_up = out_of_time(cfg, run.seconds, world, device)
             skipped = precision.skipped if precision.scaler else None
-            log.update(run.step, loss, lr, tokens, skipped, waited=batches.waited, last=time_up)
+            waited = batches.waited
+            log.update(
+                run.step, loss, lr, tokens, skipped, waited=waited, last=time_up, grad_norm=norm
+            )
             if rank == 0 and (time_up or checkpoint_due(cfg, run.step, last_time)):
                 last_path, last_time = _checkpoint(out, run, cfg, world), time.time()
             if stop.agreed(world, device):  # SIGTERM or SIGUSR1: save this step and stop

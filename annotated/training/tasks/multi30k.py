@@ -12,20 +12,19 @@ __all__ = [
 ]
 
 # %% ../../../notebooks/09_multi30k.ipynb #c002
-# Multi30k en->de as a trainer task: the shared BPE tokenizer (cached), token-bucketed batches
-# that are a pure function of the step, and the `multi30k` configurations.
+# Multi30k en->de as a trainer task: the shared BPE tokenizer (cached), the training split held
+# in memory and read as every corpus is (CorpusTask), and the `multi30k` configurations.
 import hashlib
 import json
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from ...batching import BOS, EOS, Batch, TokenBatchSampler, make_batch
 from ...data.download import cache_dir
 from ...data.multi30k import load_multi30k
 from ...data.tokenizer import TOKENIZER_OPTIONS, Tokenizer, load_tokenizer, train_tokenizer
 from ...model import ModelConfig
 from ..config import OptimConfig, TaskData, TrainConfig, task_data
+from .corpus import CorpusTask, TokenPairs
 
 
 # %% ../../../notebooks/09_multi30k.ipynb #c008
@@ -52,48 +51,28 @@ class Multi30kData(TaskData):
         return [(self.vocab >= 100, "data.vocab", "must be at least 100 subword pieces")]
 
 
-class Multi30kTask:
-    """Multi30k en->de; micro-batch g = step * per_step + index, counted through the epochs."""
+class Multi30kTask(CorpusTask):
+    """Multi30k en->de: chapter 8's tokenizer and the training split, encoded in memory."""
 
     Data: ClassVar[type[TaskData]] = Multi30kData  # its part of a TrainConfig
 
     def __init__(self, cfg: TrainConfig):
-        self.cfg, self.per_step = cfg, 1
         pairs = load_multi30k("train")
-        self.tokenizer = multi30k_tokenizer(task_data(cfg, Multi30kData).vocab, pairs)
-        self.src_vocab = self.tgt_vocab = self.tokenizer.vocab_size
-        limit = cfg.model.max_len
-        self.src = [self.tokenizer.encode(s)[: limit - 1] + [EOS] for s, _ in pairs]
-        self.tgt = [[BOS] + self.tokenizer.encode(t)[: limit - 2] + [EOS] for _, t in pairs]
-        self.sampler = TokenBatchSampler(
-            [(len(s), len(t)) for s, t in zip(self.src, self.tgt)],
-            cfg.optim.max_tokens,
-            seed=cfg.seed,
-        )
-        self._epochs: list[list[list[int]]] = []
+        tokenizer = multi30k_tokenizer(task_data(cfg, Multi30kData).vocab, pairs)
+        sources = [tokenizer.encode(s) for s, _ in pairs]
+        targets = [tokenizer.encode(t) for _, t in pairs]
+        super().__init__(cfg, tokenizer, TokenPairs(sources, targets))
 
-    test_sets: ClassVar[Mapping[str, Callable[..., Any]]] = {  # name -> (cfg) -> [(src, ref)]
-        "test2016": lambda cfg: load_multi30k("test_2016_flickr"),
-        "test2017": lambda cfg: load_multi30k("test_2017_flickr"),
-    }
+    @staticmethod
+    def test_sets(cfg: TrainConfig) -> dict:  # name -> () -> [(source, reference)]
+        return {
+            "test2016": lambda: load_multi30k("test_2016_flickr"),
+            "test2017": lambda: load_multi30k("test_2017_flickr"),
+        }
 
     @staticmethod
     def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
         return multi30k_tokenizer(task_data(cfg, Multi30kData).vocab)
-
-    def epoch(self, e: int) -> list[list[int]]:
-        while len(self._epochs) <= e:
-            self.sampler.set_epoch(len(self._epochs))
-            self._epochs.append(self.sampler.batches())
-        return self._epochs[e]
-
-    def micro_batch(self, step: int, index: int) -> Batch:
-        g, e = step * self.per_step + index, 0
-        while g >= len(self.epoch(e)):
-            g -= len(self.epoch(e))
-            e += 1
-        ids = self.epoch(e)[g]
-        return make_batch([self.src[i] for i in ids], [self.tgt[i] for i in ids])
 
 
 # %% ../../../notebooks/09_multi30k.ipynb #c011a2

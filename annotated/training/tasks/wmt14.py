@@ -13,19 +13,15 @@ __all__ = [
 # %% ../../../notebooks/11_wmt14_training.ipynb #c002
 # WMT14 as a trainer task: chapter 10's encoded corpus, read in length-bucketed micro-batches of
 # about `tokens_per_step` real tokens a side per optimiser step, and the paper's configurations.
-import math
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import numpy as np
-
-from ...batching import BOS, EOS, Batch, BucketSampler, make_batch
 from ...data.preparation import Prepared, prepare_wmt14
 from ...data.tokenizer import Tokenizer
 from ...data.wmt14 import WMT14_PAIRS
 from ...model import ModelConfig
 from ..config import OptimConfig, TaskData, TrainConfig, task_data
+from .corpus import CorpusTask
 
 
 # %% ../../../notebooks/11_wmt14_training.ipynb #c020
@@ -59,64 +55,26 @@ def prepare_for(cfg: TrainConfig) -> Prepared:
     return prepare_wmt14(data.pair, data.scale or None, vocab_size=data.vocab or None)
 
 
-class Wmt14Task:
-    """WMT14 `cfg.data.pair` at scale `cfg.data.scale`. Micro-batch g = step * per_step + index,
-    counted through the epochs; each holds about tokens_per_step / per_step real tokens a side."""
+class Wmt14Task(CorpusTask):
+    """WMT14 `cfg.data.pair` at scale `cfg.data.scale`: chapter 10's memory-mapped corpus, read
+    in micro-batches of about tokens_per_step / per_step real tokens a side (chapter 9)."""
 
     Data: ClassVar[type[TaskData]] = Wmt14Data  # its part of a TrainConfig
 
     def __init__(self, cfg: TrainConfig):
-        self.cfg, self.per_step = cfg, 1
         self.prepared = prepare_for(cfg)
-        self.tokenizer = self.prepared.tokenizer
-        self.src_vocab = self.tgt_vocab = self.tokenizer.vocab_size
-        self.corpus = self.prepared.corpus("train")
-        self.lengths = self.corpus.lengths() + [1, 2]  # </s> after a source; <s> ... </s>
-        self._sampler: BucketSampler | None = None
-        self._sizes: list[int] = []  # micro-batches in each epoch met so far
-        self._epoch: tuple[int, list[np.ndarray]] = (-1, [])
+        super().__init__(cfg, self.prepared.tokenizer, self.prepared.corpus("train"))
 
-    test_sets: ClassVar[Mapping[str, Callable[..., Any]]] = {  # name -> (cfg) -> [(src, ref)]
-        "newstest2014": lambda cfg: prepare_for(cfg).test_set("test"),
-        "newstest2013": lambda cfg: prepare_for(cfg).test_set("dev"),
-    }
+    @staticmethod
+    def test_sets(cfg: TrainConfig) -> dict:  # name -> () -> [(source, reference)]
+        return {
+            "newstest2014": lambda: prepare_for(cfg).test_set("test"),
+            "newstest2013": lambda: prepare_for(cfg).test_set("dev"),
+        }
 
     @staticmethod
     def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
         return prepare_for(cfg).tokenizer
-
-    @property
-    def sampler(self) -> BucketSampler:  # built at first use: the trainer sets per_step first
-        if self._sampler is None:
-            o, seed, max_len = self.cfg.optim, self.cfg.seed, self.cfg.model.max_len
-            step = o.tokens_per_step
-            budget = math.ceil(step / self.per_step) if step else o.max_tokens
-            self._sampler = BucketSampler(
-                self.lengths, budget, o.max_tokens, max_len=max_len, seed=seed
-            )
-        return self._sampler
-
-    def epoch(self, e: int) -> list[np.ndarray]:
-        if self._epoch[0] != e:  # one epoch is kept: the batches of 4.5M pairs take seconds
-            self._epoch = (e, self.sampler.batches(e))
-        return self._epoch[1]
-
-    def locate(self, g: int) -> tuple[int, int]:
-        """(epoch, position in it) of micro-batch g, counted from the start of training."""
-        e = 0
-        while True:
-            if e == len(self._sizes):
-                self._sizes.append(len(self.epoch(e)))
-            if g < self._sizes[e]:
-                return e, g
-            g, e = g - self._sizes[e], e + 1
-
-    def micro_batch(self, step: int, index: int) -> Batch:
-        e, i = self.locate(step * self.per_step + index)
-        pairs = [self.corpus.pair(j) for j in self.epoch(e)[i]]
-        sources = [[*s.tolist(), EOS] for s, _ in pairs]
-        targets = [[BOS, *t.tolist(), EOS] for _, t in pairs]
-        return make_batch(sources, targets)
 
 
 # %% ../../../notebooks/11_wmt14_training.ipynb #c030

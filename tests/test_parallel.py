@@ -1,0 +1,203 @@
+"""A corpus of your own (chapter 13): checked inputs, chapter 10's pipeline with a manifest, the
+`parallel` task through the command lines, and the messages for bad input."""
+
+import json
+
+import pytest
+
+from annotated.batching import BOS, EOS, PAD
+from annotated.cli import evaluate, prepare
+from annotated.data.multi30k import load_multi30k
+from annotated.data.parallel import check_pair, load_prepared, prepare_parallel, split_tsv
+from annotated.errors import DataError
+from annotated.training.registry import TASKS, build_config
+
+from helpers import run_trainer, sets
+
+TINY_MODEL = sets("model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2", "log_every=1")
+
+
+def write_corpus(folder, pairs, name="train", langs=("en", "de")):
+    folder.mkdir(parents=True, exist_ok=True)
+    files = [folder / f"{name}.{lang}" for lang in langs]
+    for side, path in enumerate(files):
+        path.write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+    return files
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """2,000 Multi30k training pairs as plain files, a validation pair and a test pair."""
+    root = tmp_path_factory.mktemp("own")
+    pairs = load_multi30k("train")
+    train = write_corpus(root / "text", pairs[:2000])
+    valid = write_corpus(root / "text", pairs[2000:2100], "valid")
+    test = write_corpus(root / "text", load_multi30k("test_2016_flickr")[:50], "test")
+    return root, train, valid, test
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus):
+    root, train, valid, test = corpus
+    return prepare_parallel(*train, root / "data", valid=valid, tests={"t16": test}, vocab_size=600)
+
+
+def test_prepare_reads_files_as_they_are_and_writes_what_training_needs(corpus, prepared):
+    root, train, valid, test = corpus
+    assert prepared.pair == "en-de"  # from the files' suffixes
+    assert prepared.tokenizer.vocab_size == 600
+    rows = {row["corpus"]: row for row in prepared.cleaning["rows"]}
+    assert rows["train"]["pairs in"] == 2000
+    assert len(prepared.corpus("train")) == rows["train"]["pairs out"]
+    src, tgt = prepared.corpus("train").pair(0)
+    first = train[0].read_text().splitlines()[0], train[1].read_text().splitlines()[0]
+    assert prepared.tokenizer.decode(src.tolist()) == first[0]
+    assert prepared.tokenizer.decode(tgt.tolist()) == first[1]
+    again = load_prepared(root / "data")
+    assert again.tokenizer.fingerprint == prepared.tokenizer.fingerprint
+    assert again.test_set("t16") == list(zip(*(p.read_text().splitlines() for p in test)))
+    assert len(again.test_set("dev")) == 100  # the validation pair, copied beside the data
+    manifest = json.loads((root / "data" / "prepared.json").read_text())
+    assert str(root) not in json.dumps(manifest)  # every path relative: the folder can move
+
+
+def test_the_parallel_task_batches_every_pair_once_and_names_its_test_sets(prepared):
+    cfg = build_config("parallel", [f"data.path={prepared.folder}"])
+    task = TASKS["parallel"](cfg)
+    assert task.tokenizer.fingerprint == prepared.tokenizer.fingerprint
+    seen = sorted(i for batch in task.epoch(0) for i in batch.tolist())
+    assert seen == list(range(len(prepared.corpus("train"))))
+    batch = task.micro_batch(0, 0)
+    row = [t for t in batch.src[0].tolist() if t != PAD]
+    assert row[-1] == EOS and batch.tgt[0, 0] == BOS
+    names = TASKS["parallel"].test_sets(cfg)
+    assert list(names) == ["t16", "valid"] and len(names["t16"]()) == 50
+    assert cfg.data.target_language() == "de"
+
+
+def test_the_parallel_configuration_trains_and_evaluates_through_the_command_lines(
+    prepared, tmp_path
+):
+    out = tmp_path / "run"
+    data = f"data.path={prepared.folder}"
+    run_trainer("--config", "parallel", *sets(data), *TINY_MODEL, "--max-steps", "4",
+                "--out", str(out))  # fmt: skip
+    args = ["--run", str(out), "--results", str(tmp_path / "results"), "--limit", "5"]
+    assert evaluate.main(args) == 0
+    scores = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert set(scores["evaluation"]["tests"]) == {"t16", "valid"}
+
+
+def test_the_command_line_prepares_a_tsv_and_refuses_what_is_wrong(tmp_path, capsys):
+    pairs = load_multi30k("train")[:300]
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    args = ["--tsv", str(tsv), "--out", str(tmp_path / "d"), "--vocab", "300"]
+    args += ["--langs", "en", "de"]
+    assert prepare.main(args) == 0
+    assert "train with: python -m annotated.cli.train --config parallel" in capsys.readouterr().out
+    assert len(load_prepared(tmp_path / "d").corpus("train")) <= 300
+    # a vocabulary the corpus cannot fill, and out of range
+    assert prepare.main(args[:4] + ["--vocab", "20000"]) == 2
+    assert "more than this corpus can fill" in capsys.readouterr().err
+    assert prepare.main(args[:4] + ["--vocab", "70000"]) == 2
+    assert "choose between 100 and 65,535" in capsys.readouterr().err
+    # malformed --valid and --test values
+    assert prepare.main(args + ["--valid", "only-one-file"]) == 2
+    assert "expected two files joined by a comma" in capsys.readouterr().err
+    assert prepare.main(args + ["--test", str(tsv)]) == 2
+    assert "expected NAME=SOURCE,REFERENCE" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        prepare.main(["--src", str(tsv), "--out", str(tmp_path / "x")])
+    assert stop.value.code == 2 and "--tgt beside --src" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "source, target, message",
+    [
+        (b"a\nb\n", b"x\n", "has 2 lines but"),
+        (b"a\nb\n", b"\n\n", "holds no text"),
+        (b"a\nb\n", "x\nM\xe4nner\n".encode("latin-1"), "line 2: byte 0xe4 at column 2"),
+    ],
+)
+def test_each_broken_corpus_gets_its_message(tmp_path, source, target, message):
+    (tmp_path / "s.en").write_bytes(source)
+    (tmp_path / "t.de").write_bytes(target)
+    with pytest.raises(DataError, match=message):
+        check_pair(tmp_path / "s.en", tmp_path / "t.de")
+    with pytest.raises(DataError, match=message):  # and prepare refuses before writing anything
+        prepare_parallel(tmp_path / "s.en", tmp_path / "t.de", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_other_mistakes_get_messages(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        check_pair(tmp_path / "missing.en", tmp_path / "missing.de")
+    (tmp_path / "p.tsv").write_text("a\tb\nno tab here\n")
+    with pytest.raises(DataError, match="line 2: 0 tabs"):
+        split_tsv(tmp_path / "p.tsv", tmp_path / "split", ("en", "de"))
+    assert not (tmp_path / "split" / "train.en").exists()  # nothing half-written
+    with pytest.raises(DataError, match="holds no prepared.json"):
+        load_prepared(tmp_path)
+    (tmp_path / "prepared.json").write_text("{not json")
+    with pytest.raises(DataError, match="damaged"):
+        load_prepared(tmp_path)
+    with pytest.raises(DataError, match="--set data.path=FOLDER"):
+        TASKS["parallel"](build_config("parallel"))
+    files = write_corpus(tmp_path / "c", [("a b", "c d")] * 3)
+    with pytest.raises(DataError, match="test set name 'valid'"):
+        prepare_parallel(*files, tmp_path / "o", tests={"valid": files})
+    with pytest.raises(DataError, match="two different codes"):
+        prepare_parallel(*files, tmp_path / "o", langs=("en", "en"))
+    only_long = write_corpus(tmp_path / "long", [("a", "b " * 5)] * 3)
+    with pytest.raises(DataError, match="no training pair is left after cleaning"):
+        prepare_parallel(*only_long, tmp_path / "o2")
+
+
+def test_fine_tuning_starts_from_the_weights_alone_and_refuses_what_does_not_fit(
+    corpus, prepared, tmp_path, capsys
+):
+    import torch
+
+    from annotated.cli import train
+    from annotated.model import make_model
+    from annotated.training.checkpoints import checkpoint_paths, initial_weights, load_checkpoint
+
+    first = tmp_path / "first"
+    data = f"data.path={prepared.folder}"
+    run_trainer("--config", "parallel", *sets(data), *TINY_MODEL, "--max-steps", "3",
+                "--out", str(first))  # fmt: skip
+    trained = checkpoint_paths(first)[-1]
+    # new in-domain data, encoded with the trained run's tokenizer (found through its run folder)
+    root = corpus[0]
+    more = write_corpus(root / "more", load_multi30k("train")[5000:5600])
+    args = ["--src", str(more[0]), "--tgt", str(more[1]), "--out", str(tmp_path / "more")]
+    assert prepare.main(args + ["--tokenizer", str(first)]) == 0
+    again = load_prepared(tmp_path / "more")
+    assert again.tokenizer.fingerprint == prepared.tokenizer.fingerprint
+    # the weights, and only the weights: a new run counts its steps from the start
+    cfg = build_config("parallel", [f"data.path={again.folder}", *TINY_MODEL[1::2]])
+    model = make_model(600, 600, **vars(cfg.model))
+    initial_weights(model, trained, cfg, again.tokenizer.fingerprint)
+    saved = load_checkpoint(trained)["model"]
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    tuned = tmp_path / "tuned"
+    own = [*TINY_MODEL, "--set", f"data.path={again.folder}", "--max-steps", "2"]
+    assert (
+        train.main(["--config", "parallel", "--out", str(tuned), "--init", str(trained), *own]) == 0
+    )
+    steps = [
+        json.loads(line)["step"] for line in (tuned / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps[0] == 1
+    # another shape, another tokenizer, no such file: refused, each with its remedy
+    other = ["--config", "parallel", "--init", str(trained), *own]
+    assert train.main(other + ["--out", str(tmp_path / "a"), "--set", "model.N=2"]) == 2
+    assert "--set model.N=1" in capsys.readouterr().err
+    assert prepare.main(args[:4] + ["--out", str(tmp_path / "fresh"), "--vocab", "500"]) == 0
+    fresh = ["--set", f"data.path={tmp_path / 'fresh'}", "--out", str(tmp_path / "b")]
+    assert train.main(other + fresh) == 2
+    assert "prepare --tokenizer" in capsys.readouterr().err
+    assert train.main(other[:2] + ["--init", str(tmp_path / "nothing.pt"), *own[:-2],
+                                   "--out", str(tmp_path / "c")]) == 2  # fmt: skip
+    assert "init: must name a checkpoint file" in capsys.readouterr().err
