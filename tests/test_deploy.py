@@ -1,0 +1,142 @@
+"""A trained model served by CTranslate2 and ONNX Runtime (appendix A5): the same numbers as the
+PyTorch model, post-norm and pre-norm, sinusoid and learned positions; and the export command."""
+
+import pytest
+import torch
+
+from annotated.batching import BOS, EOS, make_batch
+from annotated.cli import export
+from annotated.data.multi30k import load_multi30k
+from annotated.data.tokenizer import train_tokenizer
+from annotated.decoding import StepDecoder
+from annotated.evaluation.translation import translate
+from annotated.model import make_model
+
+from helpers import run_trainer, sets
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+pytest.importorskip("onnxruntime")
+
+from annotated.deploy.ctranslate2_model import (  # noqa: E402
+    ctranslate2_translate,
+    export_ctranslate2,
+)
+from annotated.deploy.onnx_model import OnnxStepDecoder, OnnxTranslator, export_onnx  # noqa: E402
+
+KINDS = {
+    "post-norm, sinusoid (the paper)": dict(norm_first=False),
+    "pre-norm": dict(norm_first=True),
+    "learned positions": dict(learned_positions=True),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    pairs = load_multi30k("train")[:3000]
+    return train_tokenizer(pairs, tmp_path_factory.mktemp("sp") / "sp", 400)
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    return [s for s, _ in load_multi30k("test_2016_flickr")[:24]]
+
+
+def random_model(tokenizer, **kind):
+    torch.manual_seed(0)
+    options = dict(N=2, d_model=32, d_ff=64, h=4, dropout=0.0, max_len=128)
+    return make_model(tokenizer.vocab_size, tokenizer.vocab_size, **options, **kind).eval()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ctranslate2_scores_what_the_model_scores(tokenizer, sentences, tmp_path, kind):
+    model = random_model(tokenizer, **KINDS[kind])
+    translator = ctranslate2.Translator(str(export_ctranslate2(model, tokenizer, tmp_path / "m")))
+    sources = [tokenizer.encode(s) + [EOS] for s in sentences[:8]]
+    targets = [tokenizer.encode(s)[:10] + [EOS] for s in sentences[8:16]]
+    piece = tokenizer.sp.id_to_piece
+    scored = translator.score_batch(
+        [[piece(i) for i in s] for s in sources], [[piece(i) for i in t[:-1]] for t in targets]
+    )
+    batch = make_batch(sources, [[BOS, *t] for t in targets])
+    with torch.no_grad():
+        out = model.decode(model.encode(batch.src, batch.src_mask), batch.src_mask,
+                           batch.tgt, batch.tgt_mask)  # fmt: skip
+        log_probs = model.generator(out).gather(-1, batch.tgt_y[..., None])[..., 0]
+    for row, (theirs, target) in enumerate(zip(scored, targets)):
+        ours = log_probs[row, : len(target)]
+        assert torch.allclose(torch.tensor(theirs.log_probs), ours, atol=1e-4), kind
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_onnx_step_is_the_models_step(tokenizer, sentences, tmp_path, kind):
+    model = random_model(tokenizer, **KINDS[kind])
+    runner = OnnxTranslator(export_onnx(model, tokenizer, tmp_path / "m"))
+    batch = make_batch([tokenizer.encode(s) + [EOS] for s in sentences[:6]])
+    with torch.no_grad():
+        memory = model.encode(batch.src, batch.src_mask)
+        ours = StepDecoder(model, memory, batch.src_mask)
+        theirs = OnnxStepDecoder(runner.decoder, memory.numpy(), batch.src.numpy(), runner.config)
+        ys = torch.full((6, 1), BOS)
+        for t in range(6):
+            expected, got = ours.step(ys), theirs.step(ys)
+            assert torch.allclose(got, expected, atol=1e-5), (kind, t)
+            ys = torch.cat([ys, expected.argmax(-1, keepdim=True)], 1)
+            if t == 2:  # beam search re-ranks rows and drops finished ones: the cache follows
+                rows = torch.tensor([5, 0, 3, 3])
+                ours.reorder(rows)
+                theirs.reorder(rows)
+                ys = ys[rows]
+
+
+def test_both_engines_translate_as_the_book_does(tokenizer, sentences, tmp_path):
+    model = random_model(tokenizer)
+    ct2 = ctranslate2.Translator(str(export_ctranslate2(model, tokenizer, tmp_path / "c")))
+    onnx = OnnxTranslator(export_onnx(model, tokenizer, tmp_path / "o"))
+    inputs = [*sentences, ""]  # an empty line stays empty
+    for beam in (1, 4):
+        book = translate(model, tokenizer, inputs, beam_size=beam)
+        assert onnx.translate(inputs, beam_size=beam) == book  # the same search, another engine
+        if beam == 1:  # CTranslate2's beam search normalises by length differently
+            assert ctranslate2_translate(ct2, tokenizer, inputs, beam_size=1) == book
+    with pytest.raises(ValueError, match="this model takes 77"):
+        onnx.translate(["a " * 200])
+    assert (tmp_path / "c" / "sentencepiece.model").read_bytes() == (
+        tmp_path / "o" / "sentencepiece.model"
+    ).read_bytes()
+
+
+def test_the_export_command(tmp_path, capsys):
+    pairs = load_multi30k("train")[:400]
+    for side, lang in enumerate(("en", "de")):
+        (tmp_path / f"train.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
+    from annotated.cli import prepare
+
+    data = tmp_path / "data"
+    files = ["--src", str(tmp_path / "train.en"), "--tgt", str(tmp_path / "train.de")]
+    assert prepare.main([*files, "--out", str(data), "--vocab", "300"]) == 0
+    tiny = sets("model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2")
+    run_trainer("--config", "parallel", *sets(f"data.path={data}"), *tiny, "--max-steps", "2",
+                "--out", str(tmp_path / "run"))  # fmt: skip
+    checkpoint = str(next((tmp_path / "run" / "checkpoints").glob("*.pt")))
+    for engine in ("onnx", "ctranslate2"):
+        out = tmp_path / engine
+        assert export.main(["--checkpoint", checkpoint, "--to", engine, str(out)]) == 0
+        assert "README.md" in capsys.readouterr().out and (out / "README.md").is_file()
+        assert export.main(["--checkpoint", checkpoint, "--to", engine, str(out)]) == 2
+        assert "exists" in capsys.readouterr().err
+    int8 = ["--to", "ctranslate2", str(tmp_path / "q"), "--quantization", "int8"]
+    assert export.main(["--checkpoint", checkpoint, *int8]) == 0
+    bad = [
+        (["--to", "tflite", str(tmp_path / "x")], "choose one of ctranslate2, onnx"),
+        (["--to", "onnx", str(tmp_path / "y"), "--quantization", "int8"], "CTranslate2 models only"),
+        (["--to", "ctranslate2", str(tmp_path / "z"), "--quantization", "int3"], "int3"),
+    ]
+    for args, message in bad:
+        assert export.main(["--checkpoint", checkpoint, *args]) == 2
+        assert message in capsys.readouterr().err
+    copy = tmp_path / "copy"
+    run_trainer("--config", "copy", *sets("model.N=1", "model.d_model=16", "model.d_ff=32",
+                "model.h=2"), "--max-steps", "1", "--out", str(copy))  # fmt: skip
+    copy_checkpoint = str(next((copy / "checkpoints").glob("*.pt")))
+    assert export.main(["--checkpoint", copy_checkpoint, "--to", "onnx", str(tmp_path / "w")]) == 2
+    assert "no subword tokenizer" in capsys.readouterr().err
