@@ -1,17 +1,25 @@
-"""Sentences per second of `translate` on a real test set: a trained run's averaged checkpoints
-translate the first sentences of its task's first test set, at beams 1 and 4 (alpha 0.6).
+"""Sentences per second of translating a real test set, by the book's `translate` and by the engines
+people deploy with, on the same model and sentences: a trained run's averaged checkpoints translate
+the first sentences of its task's first test set, at beams 1 and 4 (alpha 0.6, input + 50).
 
     python benchmarks/translate_speed.py --run runs/multi30k-cpu --json results/benchmarks/x.json
 
-It uses only the package's stable reader API (load_model, translate), so the same file measures
-an older commit of the package too: copy it into that checkout and run it there.
+Engines: `book` (PyTorch, the package's translate), `ctranslate2` (fp32), `ctranslate2-int8`
+(weights in 8 bits), `onnx` (ONNX Runtime under the book's beam search). Each is timed over
+`--rounds` rounds after one warm-up round; the median is reported with the spread. Beside the
+speed, each engine's agreement with the book: identical outputs, and sacreBLEU on the references.
+With `--engines book` it uses only the package's stable reader API (load_model, translate), so the
+same file measures an older commit of the package too: copy it into that checkout and run it there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,32 +34,105 @@ from annotated.training.checkpoints import checkpoint_paths
 from annotated.training.provenance import provenance
 from annotated.training.registry import TASKS
 
+ENGINES = ("book", "ctranslate2", "ctranslate2-int8", "onnx")
+
+
+def translators(names, model, tokenizer, folder: Path, threads: int) -> dict:
+    """name -> (sentences, beam) -> translations, for each engine asked for."""
+    out = {"book": lambda s, beam: translate(model, tokenizer, s, beam_size=beam, alpha=0.6)}
+    if any(n.startswith("ctranslate2") for n in names):
+        import ctranslate2
+
+        from annotated.deploy.ctranslate2_model import ctranslate2_translate, export_ctranslate2
+
+        for name, quantization in (("ctranslate2", None), ("ctranslate2-int8", "int8")):
+            path = export_ctranslate2(model, tokenizer, folder / name, quantization=quantization)
+            t = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads)
+            out[name] = lambda s, beam, t=t: ctranslate2_translate(t, tokenizer, s, beam_size=beam)
+    if "onnx" in names:
+        from annotated.deploy.onnx_model import OnnxTranslator, export_onnx
+
+        runner = OnnxTranslator(export_onnx(model, tokenizer, folder / "onnx"), threads=threads)
+        out["onnx"] = lambda s, beam: runner.translate(s, beam_size=beam)
+    return {name: out[name] for name in names}
+
+
+def timed(run, sources, beam: int, rounds: int) -> tuple[list[str], list[float]]:
+    outputs = run(sources, beam)  # warm-up: first-call allocations and thread pools
+    seconds = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        run(sources, beam)
+        seconds.append(time.perf_counter() - start)
+    return outputs, seconds
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--run", type=Path, required=True, help="a training run's --out folder")
     ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--engines", default=",".join(ENGINES), help=f"of {', '.join(ENGINES)}")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per engine and beam")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    names = [n for n in args.engines.split(",") if n]
+    if "book" not in names or set(names) - set(ENGINES):
+        ap.error(f"--engines: a comma-separated list of {', '.join(ENGINES)}, with book")
+    torch.set_num_threads(args.threads)
     model, tokenizer, cfg = load_model(checkpoint_paths(args.run))
     test, load = next(iter(TASKS[cfg.task].test_sets(cfg).items()))
-    sources = [s for s, _ in load()][: args.sentences]
+    pairs = load()[: args.sentences]
+    sources, references = [s for s, _ in pairs], [r for _, r in pairs]
     command = "python benchmarks/translate_speed.py " + " ".join(argv or sys.argv[1:])
     report = provenance(command, torch.device("cpu"))
-    report.update(
-        test_set=test, sentences=len(sources), checkpoints=len(checkpoint_paths(args.run))
-    )
-    for beam in (1, 4):
-        start = time.perf_counter()
-        out = translate(model, tokenizer, sources, beam_size=beam, alpha=0.6)
-        seconds = time.perf_counter() - start
-        words = sum(len(line.split()) for line in out)
-        report[f"beam {beam}"] = {"seconds": seconds, "sentences_per_s": len(sources) / seconds}
-        print(f"beam {beam}: {len(sources)} sentences in {seconds:.1f} s "
-              f"({len(sources) / seconds:.1f} sentences/s, {words} words out)")  # fmt: skip
+    report.update(test_set=test, sentences=len(sources), threads=args.threads, rounds=args.rounds)
+    report["checkpoints"] = len(checkpoint_paths(args.run))
+    with tempfile.TemporaryDirectory() as folder:
+        engines = translators(names, model, tokenizer, Path(folder), args.threads)
+        report["engines"] = measure(engines, sources, references, args.rounds)
+    report["ratios"] = ratios(report["engines"])
+    for key, value in report["ratios"].items():
+        print(f"{key}: {value:.2f}")
     if args.json:
         write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def measure(engines: dict, sources, references, rounds: int) -> dict:
+    from annotated.bleu import sacrebleu_score
+
+    results: dict = {}
+    book: dict = {}
+    for beam in (1, 4):
+        for name, run in engines.items():
+            outputs, seconds = timed(run, sources, beam, rounds)
+            book.setdefault(beam, outputs)
+            median = statistics.median(seconds)
+            results.setdefault(name, {})[f"beam {beam}"] = {
+                "seconds_median": median,
+                "seconds": seconds,
+                "spread": (max(seconds) - min(seconds)) / median,
+                "sentences_per_s": len(sources) / median,
+                "identical_to_book": sum(a == b for a, b in zip(outputs, book[beam])),
+                "sacrebleu": sacrebleu_score(outputs, references)[0],
+            }
+            r = results[name][f"beam {beam}"]
+            print(f"{name:>16} beam {beam}: {r['sentences_per_s']:7.1f} sentences/s "
+                  f"(spread {r['spread']:.0%}), {r['identical_to_book']} of {len(sources)} as "
+                  f"the book's, sacreBLEU {r['sacrebleu']:.2f}")  # fmt: skip
+    return results
+
+
+def ratios(results: dict) -> dict:
+    """How many times slower the book's translate is than each engine, beam by beam."""
+    out = {}
+    for name in results:
+        for beam in ("beam 1", "beam 4"):
+            if name != "book":
+                book = results["book"][beam]["seconds_median"]
+                out[f"book / {name}, {beam}"] = book / results[name][beam]["seconds_median"]
+    return out
 
 
 if __name__ == "__main__":

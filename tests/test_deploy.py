@@ -105,19 +105,29 @@ def test_both_engines_translate_as_the_book_does(tokenizer, sentences, tmp_path)
     ).read_bytes()
 
 
-def test_the_export_command(tmp_path, capsys):
-    pairs = load_multi30k("train")[:400]
-    for side, lang in enumerate(("en", "de")):
-        (tmp_path / f"train.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A parallel run of two steps on 400 Multi30k pairs, prepared from plain files."""
     from annotated.cli import prepare
 
-    data = tmp_path / "data"
-    files = ["--src", str(tmp_path / "train.en"), "--tgt", str(tmp_path / "train.de")]
-    assert prepare.main([*files, "--out", str(data), "--vocab", "300"]) == 0
+    root = tmp_path_factory.mktemp("tiny")
+    pairs = load_multi30k("train")[:400]
+    for side, lang in enumerate(("en", "de")):
+        (root / f"train.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
+    test = load_multi30k("test_2016_flickr")[:6]
+    for side, lang in enumerate(("en", "de")):
+        (root / f"test.{lang}").write_text("".join(p[side] + "\n" for p in test))
+    files = ["--src", str(root / "train.en"), "--tgt", str(root / "train.de")]
+    tests = ["--test", f"t16={root / 'test.en'},{root / 'test.de'}"]
+    assert prepare.main([*files, *tests, "--out", str(root / "data"), "--vocab", "300"]) == 0
     tiny = sets("model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2")
-    run_trainer("--config", "parallel", *sets(f"data.path={data}"), *tiny, "--max-steps", "2",
-                "--out", str(tmp_path / "run"))  # fmt: skip
-    checkpoint = str(next((tmp_path / "run" / "checkpoints").glob("*.pt")))
+    run_trainer("--config", "parallel", *sets(f"data.path={root / 'data'}"), *tiny,
+                "--max-steps", "2", "--out", str(root / "run"))  # fmt: skip
+    return root / "run"
+
+
+def test_the_export_command(tiny_run, tmp_path, capsys):
+    checkpoint = str(next((tiny_run / "checkpoints").glob("*.pt")))
     for engine in ("onnx", "ctranslate2"):
         out = tmp_path / engine
         assert export.main(["--checkpoint", checkpoint, "--to", engine, str(out)]) == 0
@@ -128,7 +138,10 @@ def test_the_export_command(tmp_path, capsys):
     assert export.main(["--checkpoint", checkpoint, *int8]) == 0
     bad = [
         (["--to", "tflite", str(tmp_path / "x")], "choose one of ctranslate2, onnx"),
-        (["--to", "onnx", str(tmp_path / "y"), "--quantization", "int8"], "CTranslate2 models only"),
+        (
+            ["--to", "onnx", str(tmp_path / "y"), "--quantization", "int8"],
+            "CTranslate2 models only",
+        ),
         (["--to", "ctranslate2", str(tmp_path / "z"), "--quantization", "int3"], "int3"),
     ]
     for args, message in bad:
@@ -140,3 +153,35 @@ def test_the_export_command(tmp_path, capsys):
     copy_checkpoint = str(next((copy / "checkpoints").glob("*.pt")))
     assert export.main(["--checkpoint", copy_checkpoint, "--to", "onnx", str(tmp_path / "w")]) == 2
     assert "no subword tokenizer" in capsys.readouterr().err
+
+
+def test_the_speed_benchmark_runs_every_engine_on_the_same_sentences(tiny_run, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    out = tmp_path / "speed.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "translate_speed.py"), "--run", str(tiny_run),
+           "--rounds", "1", "--threads", "1", "--json", str(out)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["sentences"] == 6 and set(report["engines"]) == {
+        "book",
+        "ctranslate2",
+        "ctranslate2-int8",
+        "onnx",
+    }
+    for beam in ("beam 1", "beam 4"):
+        assert report["engines"]["onnx"][beam]["identical_to_book"] == 6  # the same search
+    assert report["engines"]["ctranslate2"]["beam 1"]["identical_to_book"] == 6
+    assert report["ratios"]["book / ctranslate2, beam 4"] > 0 and report["commit"]
+
+
+def test_an_int8_export_leaves_the_model_as_it_was(tokenizer, tmp_path):
+    model = random_model(tokenizer)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    export_ctranslate2(model, tokenizer, tmp_path / "q", quantization="int8")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

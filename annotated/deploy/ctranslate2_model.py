@@ -48,7 +48,8 @@ def position_table(embed: nn.Sequential) -> torch.Tensor:
 
 # %% ../../notebooks/A5_deploying.ipynb #a5-013
 def _array(t: torch.Tensor) -> np.ndarray:
-    return t.detach().float().cpu().numpy()
+    """A copy: CTranslate2 converts its arrays in place (to int8, say), never the model's."""
+    return t.detach().cpu().numpy().astype(np.float32, copy=True)
 
 
 def _linear(spec, *layers: nn.Linear) -> None:
