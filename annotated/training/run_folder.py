@@ -148,9 +148,10 @@ class Progress:
         self.window_tokens, self.window_waited = 0, 0.0
 
     def update(
-        self, step, loss, lr, tokens: int, skipped=None, *, waited=0.0, last=False, grad_norm=None
+        self, step, loss, lr, tokens: int, skipped=None, grad_norm=None, *, waited=0.0, last=False
     ) -> None:
-        """skipped: fp16 steps skipped so far; waited: seconds spent waiting for data so far;
+        """skipped: fp16 steps skipped so far; grad_norm: the step's gradient norm before any
+        clipping; waited: seconds spent waiting for data so far;
         last: the run ends at this step (its time limit), which is logged whatever the step."""
         self.window_tokens += tokens
         if self.log is None:

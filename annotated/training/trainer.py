@@ -126,8 +126,13 @@ def build_run(cfg: TrainConfig, world: int, device: torch.device) -> Run:
 
 
 # %% ../../notebooks/06c_trainer.ipynb #c015b3
-def _resume(run: Run, path: Path, cfg: TrainConfig, rank: int, world: int) -> dict | None:
-    """Load the checkpoint at `path` into `run` -> its saved precision state (or None)."""
+def _resume(run: Run, path: Path | None, cfg: TrainConfig, rank: int, world: int) -> dict | None:
+    """Load the checkpoint at `path` into `run` -> its saved precision state (or None). With no
+    checkpoint, a fine-tuning run (`cfg.init`) starts from another run's weights (chapter 13)."""
+    if path is None:
+        if cfg.init:
+            initial_weights(run.model, Path(cfg.init), cfg, run.task.tokenizer.fingerprint)
+        return None
     state = load_checkpoint(path)
     per_step = resumed_micro_batches(state, path, run.task.per_step, rank, world)
     run.accum, run.task.per_step = per_step // world, per_step
@@ -275,9 +280,7 @@ def _train_locked(
 ) -> dict:
     resume_from = check_run_folder(out, cfg, resume, owner=rank == 0)
     run = build_run(cfg, world, device)
-    saved = _resume(run, resume_from, cfg, rank, world) if resume_from is not None else None
-    if resume_from is None and cfg.init:  # fine-tuning: weights only (chapter 13)
-        initial_weights(run.model, Path(cfg.init), cfg, run.task.tokenizer.fingerprint)
+    saved = _resume(run, resume_from, cfg, rank, world)
     precision = run.precision = run_precision(cfg, run, device, world, saved)
     if rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -287,8 +290,7 @@ def _train_locked(
     model = torch.nn.parallel.DistributedDataParallel(run.model) if world > 1 else run.model
     if cfg.compile:
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]  # batches change shape from step to step
-    writes = rank == 0
-    log = Progress(out, cfg, run.step, run.seconds, writes=writes, bar=progress, board=board)
+    log = Progress(out, cfg, run.step, run.seconds, writes=rank == 0, bar=progress, board=board)
     batches = run_batches(run, rank, device, cfg.max_steps)
     last_path, loss, run_tokens, last_time = None, None, 0, time.time()
     earlier = run.seconds  # what a resumed run had trained before
@@ -303,9 +305,8 @@ def _train_locked(
             run.seconds = earlier + time.time() - log.start
             time_up = out_of_time(cfg, run.seconds, world, device)
             skipped = precision.skipped if precision.scaler else None
-            waited = batches.waited
             log.update(
-                run.step, loss, lr, tokens, skipped, waited=waited, last=time_up, grad_norm=norm
+                run.step, loss, lr, tokens, skipped, norm, waited=batches.waited, last=time_up
             )
             if rank == 0 and (time_up or checkpoint_due(cfg, run.step, last_time)):
                 last_path, last_time = _checkpoint(out, run, cfg, world), time.time()
