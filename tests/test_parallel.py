@@ -201,3 +201,38 @@ def test_fine_tuning_starts_from_the_weights_alone_and_refuses_what_does_not_fit
     assert train.main(other[:2] + ["--init", str(tmp_path / "nothing.pt"), *own[:-2],
                                    "--out", str(tmp_path / "c")]) == 2  # fmt: skip
     assert "init: must name a checkpoint file" in capsys.readouterr().err
+
+
+def test_tensorboard_holds_the_runs_curves_and_the_evaluated_bleu(prepared, tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, board = tmp_path / "run", tmp_path / "board"
+    data = f"data.path={prepared.folder}"
+    run_trainer("--config", "parallel", *sets(data, "checkpoint_every=2"), *TINY_MODEL,
+                "--max-steps", "4", "--tensorboard", str(board), "--out", str(out))  # fmt: skip
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    args = ["--run", str(out), "--limit", "3", "--beam", "1", "--tensorboard", str(board)]
+    assert evaluate.main(args) == 0
+    events = EventAccumulator(str(board))
+    events.Reload()
+    for key in ("loss", "lr", "target_tokens_per_s", "grad_norm"):
+        points = events.Scalars(f"train/{key}")
+        assert [p.step for p in points] == [r["step"] for r in logged] == [1, 2, 3, 4]
+        assert [p.value for p in points] == pytest.approx([r[key] for r in logged], rel=1e-6)
+    per_checkpoint = events.Scalars("bleu/t16")  # each kept checkpoint, scored on its own
+    assert [p.step for p in per_checkpoint] == [2, 4]
+    assert [p.step for p in events.Scalars("bleu/t16 (averaged)")] == [4]
+
+
+def test_tensorboard_missing_is_a_message_not_a_traceback(prepared, tmp_path, monkeypatch):
+    import sys
+
+    from annotated.errors import ConfigError
+    from annotated.training.tensorboard import open_board
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
+    with pytest.raises(
+        ConfigError, match=r"pip install 'annotated-transformer-book\[tensorboard\]'"
+    ):
+        open_board(tmp_path / "board")
