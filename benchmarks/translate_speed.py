@@ -48,7 +48,13 @@ def translators(names, model, tokenizer, folder: Path, threads: int) -> dict:
         for name, quantization in (("ctranslate2", None), ("ctranslate2-int8", "int8")):
             path = export_ctranslate2(model, tokenizer, folder / name, quantization=quantization)
             t = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads)
-            out[name] = lambda s, beam, t=t: ctranslate2_translate(t, tokenizer, s, beam_size=beam)
+            out[name] = lambda s, beam, t=t: ctranslate2_translate(
+                t,
+                tokenizer,
+                s,
+                beam_size=beam,
+                exact_limits=False,  # as its users call it
+            )
     if "onnx" in names:
         from annotated.deploy.onnx_model import OnnxTranslator, export_onnx
 
@@ -72,7 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--run", type=Path, required=True, help="a training run's --out folder")
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"of {', '.join(ENGINES)}")
-    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per engine and beam")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per engine and beam")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)

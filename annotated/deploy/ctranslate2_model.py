@@ -146,23 +146,28 @@ search may choose another hypothesis now and then. Greedy decoding (beam_size=1)
 
 
 # %% ../../notebooks/A5_deploying.ipynb #a5-017
-def ctranslate2_translate(translator, tokenizer, sentences: list[str], *, beam_size=4, alpha=0.6):
-    """`translate` through CTranslate2: the same tokens in, at most n_src + 50 out (n_src: the
-    source's tokens with </s>); sentences of one length share a call, so each gets its own limit."""
+def ctranslate2_translate(
+    translator, tokenizer, sentences: list[str], *, beam_size=4, alpha=0.6, exact_limits=True
+) -> list[str]:
+    """`translate` through CTranslate2: the same tokens in (a source ends with </s>). With
+    `exact_limits`, each sentence may grow to its own n_src + 50 tokens, as in the book: sentences
+    of one length share a call. Without, one call for all, limited by the longest source + 50, as
+    a CTranslate2 user would translate (faster; a sentence that never ends may run longer)."""
     pieces = [
         tokenizer.sp.encode(s, out_type=str) + ["</s>"] if s.strip() else [] for s in sentences
     ]
-    out = [""] * len(sentences)
-    by_length: dict[int, list[int]] = {}
+    groups: dict[int, list[int]] = {}
     for i, p in enumerate(pieces):
         if p:
-            by_length.setdefault(len(p), []).append(i)
-    for n, rows in by_length.items():
+            groups.setdefault(len(p) if exact_limits else 0, []).append(i)
+    out = [""] * len(sentences)
+    for rows in groups.values():
         results = translator.translate_batch(
             [pieces[i] for i in rows],
+            max_batch_size=128,
             beam_size=beam_size,
             length_penalty=alpha,
-            max_decoding_length=n + 50,
+            max_decoding_length=max(len(pieces[i]) for i in rows) + 50,
         )
         for i, r in zip(rows, results):
             out[i] = tokenizer.sp.decode_pieces(r.hypotheses[0])

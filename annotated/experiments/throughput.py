@@ -73,7 +73,7 @@ def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict
             flops += sum(model_flops(b, vocab=run.task.tgt_vocab, **vars(m)) for b in batches)
         sync()
         start = time.perf_counter()
-        _, _, step_tokens = run_step(run, run.model, cfg, 0, 1, device, prefetch)
+        _, _, step_tokens, _ = run_step(run, run.model, cfg, 0, 1, device, prefetch)
         sync()
         if i:  # the first step warms up kernels and allocator
             times.append(time.perf_counter() - start)
