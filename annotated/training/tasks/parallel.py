@@ -61,10 +61,10 @@ class ParallelTask(CorpusTask):
 
     @staticmethod
     def test_sets(cfg: TrainConfig) -> dict:  # name -> () -> [(source, reference)]
-        names = test_names(prepared_for(cfg))
+        prepared = prepared_for(cfg)  # the manifest and tokenizer, read once
         return {
-            name: (lambda split=split: prepared_for(cfg).test_set(split))
-            for name, split in names.items()
+            name: (lambda split=split: prepared.test_set(split))
+            for name, split in test_names(prepared).items()
         }
 
     @staticmethod
