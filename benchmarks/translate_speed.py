@@ -6,8 +6,11 @@ the first sentences of its task's first test set, at beams 1 and 4 (alpha 0.6, i
 
 Engines: `book` (PyTorch, the package's translate), `ctranslate2` (fp32), `ctranslate2-int8`
 (weights in 8 bits), `onnx` (ONNX Runtime under the book's beam search). Each is timed over
-`--rounds` rounds after one warm-up round; the median is reported with the spread. Beside the
-speed, each engine's agreement with the book: identical outputs, and sacreBLEU on the references.
+`--rounds` rounds after one warm-up round; the median is reported with the spread. Each engine runs
+in a fresh process of its own: two thread pools in one process (PyTorch's and CTranslate2's each
+wait for work by spinning for a while) slow each other down, by a quarter for the book's beam 4
+when measured here. Beside the speed, each engine's agreement with the book: identical outputs,
+and sacreBLEU on the references.
 With `--engines book` it uses only the package's stable reader API (load_model, translate), so the
 same file measures an older commit of the package too: copy it into that checkout and run it there.
 """
@@ -15,7 +18,9 @@ same file measures an older commit of the package too: copy it into that checkou
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -37,30 +42,25 @@ from annotated.training.registry import TASKS
 ENGINES = ("book", "ctranslate2", "ctranslate2-int8", "onnx")
 
 
-def translators(names, model, tokenizer, folder: Path, threads: int) -> dict:
-    """name -> (sentences, beam) -> translations, for each engine asked for."""
-    out = {"book": lambda s, beam: translate(model, tokenizer, s, beam_size=beam, alpha=0.6)}
-    if any(n.startswith("ctranslate2") for n in names):
+def translator(name: str, model, tokenizer, folder: Path, threads: int):
+    """(sentences, beam) -> translations, by engine `name`."""
+    if name == "book":
+        return lambda s, beam: translate(model, tokenizer, s, beam_size=beam, alpha=0.6)
+    if name.startswith("ctranslate2"):
         import ctranslate2
 
         from annotated.deploy.ctranslate2_model import ctranslate2_translate, export_ctranslate2
 
-        for name, quantization in (("ctranslate2", None), ("ctranslate2-int8", "int8")):
-            path = export_ctranslate2(model, tokenizer, folder / name, quantization=quantization)
-            t = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads)
-            out[name] = lambda s, beam, t=t: ctranslate2_translate(
-                t,
-                tokenizer,
-                s,
-                beam_size=beam,
-                exact_limits=False,  # as its users call it
-            )
-    if "onnx" in names:
-        from annotated.deploy.onnx_model import OnnxTranslator, export_onnx
+        quantization = "int8" if name == "ctranslate2-int8" else None
+        path = export_ctranslate2(model, tokenizer, folder / name, quantization=quantization)
+        t = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads)
+        # one call for all sentences, without exact per-sentence limits: as its users call it
+        return lambda s, beam: ctranslate2_translate(t, tokenizer, s, beam_size=beam,
+                                                     exact_limits=False)  # fmt: skip
+    from annotated.deploy.onnx_model import OnnxTranslator, export_onnx
 
-        runner = OnnxTranslator(export_onnx(model, tokenizer, folder / "onnx"), threads=threads)
-        out["onnx"] = lambda s, beam: runner.translate(s, beam_size=beam)
-    return {name: out[name] for name in names}
+    runner = OnnxTranslator(export_onnx(model, tokenizer, folder / "onnx"), threads=threads)
+    return lambda s, beam: runner.translate(s, beam_size=beam)
 
 
 def timed(run, sources, beam: int, rounds: int) -> tuple[list[str], list[float]]:
@@ -71,6 +71,24 @@ def timed(run, sources, beam: int, rounds: int) -> tuple[list[str], list[float]]
         run(sources, beam)
         seconds.append(time.perf_counter() - start)
     return outputs, seconds
+
+
+def engine_alone(name: str, run_folder: Path, sentences: int, threads: int, rounds: int) -> dict:
+    """In a fresh process: one engine's outputs and seconds at beams 1 and 4."""
+    torch.set_num_threads(threads)
+    model, tokenizer, _, sources, _ = first_test_sentences(run_folder, sentences)
+    with tempfile.TemporaryDirectory() as folder:
+        run = translator(name, model, tokenizer, Path(folder), threads)
+        return {beam: timed(run, sources, beam, rounds) for beam in (1, 4)}
+
+
+def first_test_sentences(run_folder: Path, sentences: int):
+    """The run's averaged model, its tokenizer, and its first test set's name, first sentences
+    and their references."""
+    model, tokenizer, cfg = load_model(checkpoint_paths(run_folder))
+    test, load = next(iter(TASKS[cfg.task].test_sets(cfg).items()))
+    pairs = load()[:sentences]
+    return model, tokenizer, test, [s for s, _ in pairs], [r for _, r in pairs]
 
 
 def main(argv=None) -> int:
@@ -85,18 +103,20 @@ def main(argv=None) -> int:
     names = [n for n in args.engines.split(",") if n]
     if "book" not in names or set(names) - set(ENGINES):
         ap.error(f"--engines: a comma-separated list of {', '.join(ENGINES)}, with book")
-    torch.set_num_threads(args.threads)
-    model, tokenizer, cfg = load_model(checkpoint_paths(args.run))
-    test, load = next(iter(TASKS[cfg.task].test_sets(cfg).items()))
-    pairs = load()[: args.sentences]
-    sources, references = [s for s, _ in pairs], [r for _, r in pairs]
+    names = ["book"] + [n for n in names if n != "book"]  # the book's outputs are the reference
+    _, _, test, sources, references = first_test_sentences(args.run, args.sentences)
     command = "python benchmarks/translate_speed.py " + " ".join(argv or sys.argv[1:])
     report = provenance(command, torch.device("cpu"))
     report.update(test_set=test, sentences=len(sources), threads=args.threads, rounds=args.rounds)
+    report["processes"] = "one per engine"
     report["checkpoints"] = len(checkpoint_paths(args.run))
-    with tempfile.TemporaryDirectory() as folder:
-        engines = translators(names, model, tokenizer, Path(folder), args.threads)
-        report["engines"] = measure(engines, sources, references, args.rounds)
+    measured = {}
+    for name in names:
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+            job = (name, args.run, args.sentences, args.threads, args.rounds)
+            measured[name] = pool.submit(engine_alone, *job).result()
+    report["engines"] = summarise(measured, len(sources), references)
     report["ratios"] = ratios(report["engines"])
     for key, value in report["ratios"].items():
         print(f"{key}: {value:.2f}")
@@ -105,27 +125,26 @@ def main(argv=None) -> int:
     return 0
 
 
-def measure(engines: dict, sources, references, rounds: int) -> dict:
+def summarise(measured: dict, n: int, references) -> dict:
+    """name -> beam -> speed, spread, agreement with the book and sacreBLEU."""
     from annotated.bleu import sacrebleu_score
 
     results: dict = {}
-    book: dict = {}
     for beam in (1, 4):
-        for name, run in engines.items():
-            outputs, seconds = timed(run, sources, beam, rounds)
-            book.setdefault(beam, outputs)
+        book = measured["book"][beam][0]
+        for name, per_beam in measured.items():
+            outputs, seconds = per_beam[beam]
             median = statistics.median(seconds)
-            results.setdefault(name, {})[f"beam {beam}"] = {
+            results.setdefault(name, {})[f"beam {beam}"] = r = {
                 "seconds_median": median,
                 "seconds": seconds,
                 "spread": (max(seconds) - min(seconds)) / median,
-                "sentences_per_s": len(sources) / median,
-                "identical_to_book": sum(a == b for a, b in zip(outputs, book[beam])),
+                "sentences_per_s": n / median,
+                "identical_to_book": sum(a == b for a, b in zip(outputs, book)),
                 "sacrebleu": sacrebleu_score(outputs, references)[0],
             }
-            r = results[name][f"beam {beam}"]
             print(f"{name:>16} beam {beam}: {r['sentences_per_s']:7.1f} sentences/s "
-                  f"(spread {r['spread']:.0%}), {r['identical_to_book']} of {len(sources)} as "
+                  f"(spread {r['spread']:.0%}), {r['identical_to_book']} of {n} as "
                   f"the book's, sacreBLEU {r['sacrebleu']:.2f}")  # fmt: skip
     return results
 

@@ -597,3 +597,39 @@ def test_the_perl_scripts_still_print_what_was_recorded():
         hyp, ref = (bleu_vs_moses.resolve(recorded[k]) for k in ("hypotheses", "references"))
         lines = bleu_vs_moses.perl(Path(os.environ["MOSES_DIR"]), hyp, ref)
         assert lines == recorded["perl"]["moses-d2b558728"]
+
+
+def full_vocabulary_extend(step_lp, log_prob, length, finished, limits, alpha):
+    """The textbook step: score all K * V candidates of each sentence, keep the K best."""
+    b, K, V = step_lp.shape
+    itself = torch.full_like(step_lp, -math.inf)
+    itself[..., EOS] = 0.0  # a finished hypothesis's one candidate: itself
+    cand_lp = log_prob[..., None] + torch.where(finished[..., None], itself, step_lp)
+    cand_len = (length + (~finished).long())[..., None].float()
+    best = (cand_lp / length_penalty(cand_len, alpha)).view(b, -1).topk(K, dim=1).indices
+    return best // V, best % V, cand_lp.view(b, -1).gather(1, best)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_keeping_each_hypothesiss_k_best_tokens_first_picks_the_same_candidates(seed):
+    """_extend scores only each hypothesis's K best tokens: the winners must be the same as when
+    all K * V candidates are scored, with finished and dead hypotheses in the beam."""
+    from annotated.decoding import _extend
+
+    g = torch.Generator().manual_seed(seed)
+    b, K, V, alpha = 6, 4, 50, 0.6
+    step_lp = torch.randn(b, K, V, generator=g).log_softmax(-1)
+    log_prob = -torch.rand(b, K, generator=g) * 10
+    finished = torch.rand(b, K, generator=g) < 0.3
+    log_prob[0, 1:] = -math.inf  # a fresh sentence: one live copy of <s>, three dead ones
+    finished[0] = torch.tensor([False, True, True, True])
+    length = torch.randint(1, 9, (b, K), generator=g)
+    limits = torch.full((b,), 30)
+    parent, token, lp, *_ = _extend(step_lp, log_prob, length, finished, limits, EOS, alpha)
+    ref_parent, ref_token, ref_lp = full_vocabulary_extend(
+        step_lp, log_prob, length, finished, limits, alpha
+    )
+    live = lp > -math.inf  # dead candidates are interchangeable
+    assert torch.equal(live, ref_lp > -math.inf) and int(live.sum()) > b * 2
+    assert torch.equal(lp[live], ref_lp[live])  # the same values, bit for bit
+    assert torch.equal(parent[live], ref_parent[live]) and torch.equal(token[live], ref_token[live])
