@@ -156,6 +156,8 @@ def test_a_configuration_is_model_optimisation_and_the_tasks_own_data():
     # what a checkpoint records comes back as the same configuration, in this layout or the
     # older flat one (every key at the top, the WMT14 scale under "data")
     assert config_from_record(json.loads(json.dumps(asdict(cfg)))) == cfg
+    with pytest.raises(ConfigError, match="or name a model: base, big"):
+        build_config("parallel", ["model=huge"])
     flat = {**asdict(cfg.optim), **asdict(cfg), "pair": "en-fr", "data": "sample", "vocab": 0}
     del flat["optim"]
     old = config_from_record(flat)
@@ -579,3 +581,18 @@ def test_sigterm_to_torchrun_stops_both_processes_at_one_saved_step(tmp_path):
                 CUDA_VISIBLE_DEVICES="")  # fmt: skip
     a, b = final_weights(tmp_path / "straight"), final_weights(out)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_named_model_replaces_the_architecture_and_keeps_the_datas_length():
+    """`--set model=base|big` is the paper's model (Table 3), in the order the overrides come."""
+    from dataclasses import replace
+
+    from annotated.model import TRANSFORMER_BASE, TRANSFORMER_BIG
+
+    cpu = build_config("parallel")
+    base = build_config("parallel", ["model=base"])
+    assert base.model == replace(TRANSFORMER_BASE, max_len=cpu.model.max_len)
+    assert not base.model.norm_first and cpu.model.norm_first and base.optim == cpu.optim
+    big = build_config("wmt14-base", ["model.N=2", "model=big", "model.dropout=0.2"])
+    assert big.model == replace(TRANSFORMER_BIG, max_len=1024, dropout=0.2)  # N=2 replaced
+    assert build_config("wmt14-big").model == build_config("wmt14-base", ["model=big"]).model

@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a field (repeatable)",
+        help="override a field (repeatable); model=base or model=big: the paper's model",
     )
     ap.add_argument(
         "--out", required=True, help="folder for checkpoints, metrics.jsonl and run.json"

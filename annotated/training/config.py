@@ -4,6 +4,7 @@
 __all__ = [
     "D",
     "BUCKET_FILL",
+    "MODELS",
     "OptimConfig",
     "TaskData",
     "TrainConfig",
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
-from ..model import ModelConfig
+from ..model import TRANSFORMER_BASE, TRANSFORMER_BIG, ModelConfig
 from ..precision import PRECISIONS
 from .distributed import all_sum
 
@@ -225,8 +226,12 @@ def micro_batches_per_process(cfg: TrainConfig, world: int) -> int:
     return max(1, math.ceil(o.tokens_per_step / (world * BUCKET_FILL * o.max_tokens)))
 
 
+MODELS = {"base": TRANSFORMER_BASE, "big": TRANSFORMER_BIG}  # --set model=NAME (Table 3)
+
+
 def apply_overrides(cfg: TrainConfig, overrides=()) -> TrainConfig:
-    """`cfg` with `key=value` overrides applied (nested keys use dots), then validated."""
+    """`cfg` with `key=value` overrides applied (nested keys use dots), then validated.
+    `model=base` or `model=big` puts the paper's model in place, keeping the run's max_len."""
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep:
@@ -245,9 +250,15 @@ def apply_overrides(cfg: TrainConfig, overrides=()) -> TrainConfig:
             hint = f"did you mean {' or '.join(near)}? " if near else ""
             raise ConfigError(f"--set {key}: unknown key; {hint}valid keys are: {', '.join(keys)}")
         current = getattr(target, leaf)
+        if key == "model" and text.strip() in MODELS:  # a named model: the paper's sizes
+            cfg.model = dataclasses.replace(MODELS[text.strip()], max_len=cfg.model.max_len)
+            continue
         if dataclasses.is_dataclass(current):  # a part such as `optim`: one of its keys
             group = ", ".join(_keys(current, f"{key}."))
-            raise ConfigError(f"--set {key}: {key} is a group of settings; set one of {group}")
+            named = f", or name a model: {', '.join(MODELS)}" if key == "model" else ""
+            raise ConfigError(
+                f"--set {key}: {key} is a group of settings; set one of {group}{named}"
+            )
         setattr(target, leaf, _convert(text.strip(), current, key))
     return validate_config(cfg)
 
