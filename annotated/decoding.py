@@ -181,19 +181,17 @@ def _extend(step_lp, log_prob, length, finished, limits, end_symbol: int, alpha:
     """One step for b sentences: step_lp (b, K, V) next-token log-probs; the others (b, K) and
     limits (b,). -> parent and token of the K best candidates, their log P, length, finished."""
     b, K, V = step_lp.shape
-    # All candidates of one hypothesis share its log P and length: they rank by log p alone, so
-    # only its K best tokens can be among the sentence's K best. The rest is (b, K, K), not V.
+    # a hypothesis's candidates rank by log p alone: only its K best can be among the K best
     top_lp, top_token = step_lp.topk(min(K, V), dim=-1)  # (b, K, K') each, best first
-    alone = torch.full_like(top_lp[0, 0], -math.inf)  # a finished hypothesis has one
-    alone[0] = 0.0  # candidate: itself, written as </s> at no cost
+    alone = torch.full_like(top_lp[0, 0], -math.inf)  # a finished hypothesis's one candidate:
+    alone[0] = 0.0  # itself, written as </s> at no cost
     top_lp = torch.where(finished[..., None], alone, top_lp)
     top_token = top_token.masked_fill(finished[..., None], end_symbol)
     cand_lp = log_prob.to(step_lp.dtype)[..., None] + top_lp  # (b, K, K')
     cand_len = (length + (~finished).long())[..., None]  # (b, K, 1)
     cand_score = cand_lp / length_penalty(cand_len.to(cand_lp.dtype), alpha)  # (b, K, K')
     best = cand_score.view(b, -1).topk(K, dim=1).indices  # (b, K) flat candidate ids
-    parent = best // top_lp.size(-1)  # (b, K) the hypothesis each candidate extends
-    token = top_token.view(b, -1).gather(1, best)  # (b, K)
+    parent, token = best // top_lp.size(-1), top_token.view(b, -1).gather(1, best)  # (b, K) each
     log_prob = cand_lp.view(b, -1).gather(1, best)
     length = length.gather(1, parent) + (~finished.gather(1, parent)).long()
     finished = finished.gather(1, parent) | (token == end_symbol) | (length >= limits[:, None])
