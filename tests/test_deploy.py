@@ -88,6 +88,44 @@ def test_the_onnx_step_is_the_models_step(tokenizer, sentences, tmp_path, kind):
                 ys = ys[rows]
 
 
+def test_the_onnx_step_says_where_it_looked_and_the_graphs_share_one_copy_of_each_weight(
+    tokenizer, sentences, tmp_path
+):
+    """cross_attention is each layer's encoder-decoder attention weights for the newest token,
+    as the reference path computes them; weights.bin holds every array once, although the
+    embedding and the positional table are in both graphs."""
+    import onnx
+
+    model = random_model(tokenizer)
+    folder = export_onnx(model, tokenizer, tmp_path / "m")
+    runner = OnnxTranslator(folder)
+    batch = make_batch([tokenizer.encode(s) + [EOS] for s in sentences[:5]])
+    with torch.no_grad():
+        memory = model.encode(batch.src, batch.src_mask)
+        ours = StepDecoder(model, memory, batch.src_mask)  # the reference path keeps weights
+        theirs = OnnxStepDecoder(runner.decoder, memory.numpy(), batch.src.numpy(), runner.config)
+        ys = torch.full((5, 1), BOS)
+        for t in range(4):
+            next_token = ours.step(ys).argmax(-1, keepdim=True)
+            theirs.step(ys)
+            looked = torch.stack(
+                [layer.src_attn.attn[:, :, -1] for layer in model.decoder.layers], 1
+            )
+            assert theirs.attention.shape == (5, 2, 4, batch.src.size(1))
+            assert torch.allclose(torch.from_numpy(theirs.attention), looked, atol=1e-5), t
+            assert torch.allclose(looked.sum(-1), torch.ones(5, 2, 4))  # each head: a distribution
+            ys = torch.cat([ys, next_token], 1)
+    distinct = sum(p.numel() for p in model.parameters()) + model.src_embed[1].pe.numel()
+    arrays = [t for g in ("encoder.onnx", "decoder_step.onnx")
+              for t in onnx.load(str(folder / g), load_external_data=False).graph.initializer
+              if t.data_location == onnx.TensorProto.EXTERNAL]  # fmt: skip
+    stored = (folder / "weights.bin").stat().st_size
+    assert stored <= 4 * distinct + 64 * len(arrays)  # float32, each array once, 64-byte aligned
+    assert (
+        sum(int(dict((e.key, e.value) for e in t.external_data)["length"]) for t in arrays) > stored
+    )
+
+
 def test_both_engines_translate_as_the_book_does(tokenizer, sentences, tmp_path):
     model = random_model(tokenizer)
     ct2 = ctranslate2.Translator(str(export_ctranslate2(model, tokenizer, tmp_path / "c")))

@@ -6,6 +6,7 @@ __all__ = [
     "EncoderGraph",
     "DecoderStepGraph",
     "export_onnx",
+    "share_weights",
     "OnnxStepDecoder",
     "OnnxTranslator",
 ]
@@ -13,6 +14,7 @@ __all__ = [
 # %% ../../notebooks/A5_deploying.ipynb #a5-022
 # A trained model as two ONNX graphs, the encoder and one decoder step with its key/value cache,
 # run by ONNX Runtime under the book's own beam search.
+import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -23,6 +25,7 @@ from torch import nn
 
 from ..batching import BOS, EOS, PAD, make_batch
 from ..decoding import beam_search_core
+from ..fast import fused_attention
 from ..files import atomic_path
 from ..multihead import KVCache
 from .ctranslate2_model import engine, position_table, save_tokenizer
@@ -43,7 +46,9 @@ class EncoderGraph(nn.Module):
 class DecoderStepGraph(nn.Module):
     """One decoding step for every row: its newest token, at position t, attends to the keys and
     values of the tokens before it (`past`, two per layer) and to the memory. Returns the next
-    token's log-probabilities and each layer's keys and values, one position longer."""
+    token's log-probabilities, each layer's keys and values, one position longer, and where each
+    head of each layer looked in the source: (rows, layers, heads, n_src). Traced on the
+    reference attention (`fused_attention(model, False)`), which keeps those weights."""
 
     def __init__(self, model):
         super().__init__()
@@ -59,7 +64,8 @@ class DecoderStepGraph(nn.Module):
             cache.append((mine, KVCache(grow=False)))
         out = self.model.decoder(x, memory, (src != PAD)[:, None, :], None, cache=cache)
         grown = [kv for mine, _ in cache for kv in (mine.k, mine.v)]
-        return (self.model.generator(out[:, -1]), *grown)
+        looked = [layer.src_attn.attn[:, :, -1] for layer in self.model.decoder.layers]
+        return (self.model.generator(out[:, -1]), *grown, torch.stack(looked, dim=1))
 
 
 # %% ../../notebooks/A5_deploying.ipynb #a5-026
@@ -78,7 +84,12 @@ def export_onnx(model, tokenizer, out) -> Path:
     rows, n_src = {0: "rows"}, {0: "rows", 1: "n_src"}
     steps = {name: {0: "rows", 2: "t"} for name in _names(n, "past_")}
     steps.update({name: {0: "rows", 2: "t_plus_1"} for name in _names(n)})
-    with atomic_path(out) as tmp, torch.no_grad(), warnings.catch_warnings():
+    with (
+        atomic_path(out) as tmp,
+        torch.no_grad(),
+        warnings.catch_warnings(),
+        fused_attention(model, False),
+    ):
         warnings.simplefilter("ignore")  # the tracer's notes on Python-side checks, frozen
         tmp.mkdir()
         torch.onnx.export(
@@ -91,9 +102,11 @@ def export_onnx(model, tokenizer, out) -> Path:
                                       *past),
             str(tmp / "decoder_step.onnx"), dynamo=False, opset_version=17,
             input_names=["token", "t", "memory", "src", *_names(n, "past_")],
-            output_names=["log_probs", *_names(n)],
-            dynamic_axes={"token": rows, "memory": n_src, "src": n_src, "log_probs": rows, **steps},
+            output_names=["log_probs", *_names(n), "cross_attention"],
+            dynamic_axes={"token": rows, "memory": n_src, "src": n_src, "log_probs": rows, **steps,
+                          "cross_attention": {0: "rows", 3: "n_src"}},
         )  # fmt: skip
+        share_weights(tmp, ["encoder.onnx", "decoder_step.onnx"])
         config = {"layers": n, "heads": attn.h, "d_k": attn.d_k, "pad": PAD, "bos": BOS, "eos": EOS}
         config["max_len"] = len(position_table(model.src_embed))  # positions the graphs cover
         (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
@@ -102,13 +115,40 @@ def export_onnx(model, tokenizer, out) -> Path:
     return out
 
 
+def share_weights(folder: Path, graphs: list[str], name: str = "weights.bin") -> None:
+    """Move the large arrays of the ONNX `graphs` in `folder` into one file beside them, each
+    distinct array once: the embedding and the positional table, which both graphs use, are
+    stored a single time. ONNX Runtime finds the file through each graph's references."""
+    onnx = engine("onnx")
+    at: dict[bytes, tuple[int, int]] = {}  # digest of an array -> (offset, length) in the file
+    with open(folder / name, "wb") as data:
+        for graph in graphs:
+            proto = onnx.load(str(folder / graph))
+            for t in proto.graph.initializer:
+                if len(t.raw_data) < 4096:
+                    continue  # small constants stay in the graph
+                # the same numbers under another shape (a table and its batch view) count once
+                key = hashlib.sha256(bytes([t.data_type]) + t.raw_data).digest()
+                if key not in at:
+                    data.write(b"\0" * (-data.tell() % 64))  # each array 64-byte aligned
+                    at[key] = (data.tell(), len(t.raw_data))
+                    data.write(t.raw_data)
+                t.ClearField("raw_data")
+                t.data_location = onnx.TensorProto.EXTERNAL
+                for k, v in zip(("location", "offset", "length"), (name, *at[key])):
+                    t.external_data.add(key=k, value=str(v))
+            onnx.save(proto, str(folder / graph))
+
+
 ONNX_README = """# The Transformer of *Attention Is All You Need, annotated and tested*: ONNX
 
 `encoder.onnx`: src (rows, n_src) int64 token ids, each row ending with </s> (id 2) and padded
 with 0 -> memory (rows, n_src, d_model). `decoder_step.onnx`: token (rows, 1), t (1,), the
 position of that token, memory, src, and past_k0, past_v0, ... (rows, heads, t, d_k), empty at
-t = 0 -> log_probs (rows, vocab) of the next token and k0, v0, ... one position longer. Start
-with token <s> (id 1). `config.json` holds the sizes; `sentencepiece.model` the vocabulary.
+t = 0 -> log_probs (rows, vocab) of the next token, k0, v0, ... one position longer, and
+cross_attention (rows, layers, heads, n_src), where each head looked in the source. Start with
+token <s> (id 1). Both graphs keep their weights in `weights.bin` (keep it beside them);
+`config.json` holds the sizes; `sentencepiece.model` the vocabulary.
 
     from annotated.deploy.onnx_model import OnnxTranslator
     print(OnnxTranslator(".").translate(["A dog runs."]))
@@ -122,15 +162,15 @@ class OnnxStepDecoder:
     def __init__(self, session, memory: np.ndarray, src: np.ndarray, config: dict):
         self.session, self.memory, self.src = session, memory, src
         empty = np.zeros((len(src), config["heads"], 0, config["d_k"]), np.float32)
-        self.past, self.t = [empty] * (2 * config["layers"]), 0
+        self.past, self.t, self.attention = [empty] * (2 * config["layers"]), 0, None
         self.names = _names(config["layers"], "past_")
 
     def step(self, ys: torch.Tensor) -> torch.Tensor:
         """ys: (rows, t + 1) tokens so far -> (rows, vocab) log-probabilities of the next."""
         feeds = {"token": ys[:, -1:].numpy(), "t": np.array([self.t]), "memory": self.memory}
-        log_probs, *self.past = self.session.run(
+        log_probs, *self.past, self.attention = self.session.run(
             None, {**feeds, "src": self.src, **dict(zip(self.names, self.past))}
-        )
+        )  # attention: (rows, layers, heads, n_src), where the step looked in the source
         self.t += 1
         return torch.from_numpy(log_probs)
 
