@@ -14,7 +14,7 @@ ifneq ($(ANNOTATED_DATA),)
 export ANNOTATED_DATA
 endif
 
-.PHONY: help book test lint other-cpu lab install browser export notebooks clean
+.PHONY: help book test lint other-cpu lab install browser export notebooks clean translator
 
 help:                      ## list the targets
 	@grep -E '^[a-z]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -28,7 +28,16 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-book/vendor/MANIFEST.json: book/package.json book/package-lock.json tools/vendor_js.py
+book/vendor/MANIFEST.json: book/package.json book/package-lock.json tools/vendor_js.py \
+		book/js/*.js $(wildcard book/translator/*)
+	$(PY) tools/vendor_js.py
+
+# The live translator's model (chapter 9c), committed in book/translator: RUN's kept checkpoints,
+# averaged and exported to ONNX, with RESULTS' scores of exactly those checkpoints.
+RUN ?= runs/multi30k-cpu
+RESULTS ?= results/multi30k-cpu
+translator: $(STAMP)      ## export RUN (default runs/multi30k-cpu) as the page's translator
+	$(PY) tools/browser_model.py --run $(RUN) --results $(RESULTS)
 	$(PY) tools/vendor_js.py
 
 # The browser test (tests/test_browser.py) drives Debian's Chromium: installed here when it is
