@@ -5,9 +5,10 @@ to ONNX (appendix A5) into book/translator/, with the vocabulary's pieces and wh
 
 `make translator` runs this. The folder is committed (it is below 10 MB) so that the book builds
 without the run; tools/vendor_js.py turns it into the script that the page loads.
-`about.json` records the command, commit and date of this export, the run's own provenance and
-its test2016 score from `--results`, which must name the same checkpoints: the page then states
-the score of exactly the model it runs.
+`reference.json` holds `translate`'s outputs on test2016 (greedy and beam 4), which the browser
+test compares the page's with. `about.json` records the command, commit and date of this
+export, the run's own provenance and its test2016 score from `--results`, which must name the
+same checkpoints: the page then states the score of exactly the model it runs.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from annotated.deploy.onnx_model import export_onnx  # noqa: E402
-from annotated.evaluation.translation import load_model  # noqa: E402
+from annotated.evaluation.translation import load_model, translate  # noqa: E402
 from annotated.files import atomic_path  # noqa: E402
 from annotated.training.checkpoints import checkpoint_paths  # noqa: E402
 from annotated.training.provenance import provenance  # noqa: E402
+from annotated.training.registry import TASKS  # noqa: E402
 
 OUT = ROOT / "book" / "translator"
 
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
               f"{scored['evaluation']['checkpoints']}; export the run that was scored.",
               file=sys.stderr)  # fmt: skip
         return 2
-    model, tokenizer, _ = load_model(checkpoints)
+    model, tokenizer, cfg = load_model(checkpoints)
     command = "python tools/browser_model.py " + " ".join(argv or sys.argv[1:])
     about = provenance(command, torch.device("cpu"))
     about["run"] = {"results": str(args.results), **scored["provenance"], "checkpoints": names}
@@ -57,9 +59,19 @@ def main(argv=None) -> int:
         pieces = [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
         (tmp / "pieces.json").write_text(json.dumps(pieces, ensure_ascii=False) + "\n")
         (tmp / "about.json").write_text(json.dumps(about, indent=1) + "\n")
+        (tmp / "reference.json").write_text(json.dumps(reference(model, tokenizer, cfg)) + "\n")
     sizes = {f.name: f.stat().st_size for f in sorted(args.out.iterdir())}
     print(f"wrote {args.out}: {sum(sizes.values()) / 1e6:.1f} MB ({sizes})")
     return 0
+
+
+def reference(model, tokenizer, cfg) -> dict:
+    """`translate`'s outputs on the run's first test set, greedy and with beam 4, alpha 0.6: what
+    the page must reproduce (tests/test_live_translator.py)."""
+    test, load = next(iter(TASKS[cfg.task].test_sets(cfg).items()))
+    sources = [s for s, _ in load()]
+    outputs = {f"beam {k}": translate(model, tokenizer, sources, beam_size=k) for k in (1, 4)}
+    return {"test_set": test, "sources": sources, **outputs}
 
 
 if __name__ == "__main__":
