@@ -19,10 +19,27 @@
     return out;
   }
 
+  // The heavy scripts (31 MB, most of it ONNX Runtime's WebAssembly and the model as base64) load
+  // only when the translator is first needed: a reader who never scrolls to it never fetches them.
+  const HERE = document.currentScript.src.replace(/[^/]*$/, "translator/");
+  const HEAVY = ["ort.wasm.min.js", "ort-runtime.js", "sentencepiece.js", "model.js"];
+
+  function script(name) {
+    return new Promise((resolve, reject) => {
+      const tag = document.createElement("script");
+      tag.src = HERE + name;
+      tag.onload = resolve;
+      tag.onerror = () => reject(new Error(`could not load ${name} from the book's files`));
+      document.head.appendChild(tag);
+    });
+  }
+
   let loading = null;
   function load() { // the model, once: {encoder, decoder, sp, config, pieces, about, loadMs}
     loading = loading || (async () => {
-      const start = performance.now(), m = window.TRANSLATOR_MODEL;
+      const start = performance.now();
+      for (const name of HEAVY) await script(name);
+      const m = window.TRANSLATOR_MODEL;
       ort.env.wasm.numThreads = 1; // a page opened as a file cannot share memory with workers
       ort.env.wasm.wasmBinary = bytes(window.ORT_WASM);
       const loader = new Blob([window.ORT_LOADER], { type: "text/javascript" });
@@ -205,8 +222,15 @@
     };
     $("go").addEventListener("click", run);
     $("input").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); run(); } });
-    load().then((m) => { status.textContent = `model loaded in ${m.loadMs.toFixed(0)} ms`; run(); },
-                 (e) => { status.textContent = `The model could not be loaded: ${e.message}`; });
+    const start = () => {
+      status.textContent = "loading the model…";
+      load().then((m) => { status.textContent = `model loaded in ${m.loadMs.toFixed(0)} ms`; run(); },
+                   (e) => { status.textContent = `The model could not be loaded: ${e.message}`; });
+    };
+    const seen = new IntersectionObserver((entries) => {
+      if (entries.some((e) => e.isIntersecting)) { seen.disconnect(); start(); }
+    });
+    seen.observe(box);
   }
 
   window.BookTranslator = { load, translate };
