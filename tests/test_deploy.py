@@ -225,3 +225,45 @@ def test_an_int8_export_leaves_the_model_as_it_was(tokenizer, tmp_path):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     export_ctranslate2(model, tokenizer, tmp_path / "q", quantization="int8")
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_the_browser_model_is_the_scored_run_with_translates_outputs(tiny_run, tmp_path):
+    """tools/browser_model.py (make translator): the run's kept checkpoints, averaged, as ONNX,
+    with translate's outputs on the first test set and the scores of exactly those checkpoints;
+    a results folder that scored other checkpoints is refused."""
+    import json
+    import subprocess
+    import sys
+
+    from annotated.evaluation.translation import load_model
+    from annotated.training.checkpoints import checkpoint_paths
+
+    from helpers import ROOT
+
+    names = [p.name for p in checkpoint_paths(tiny_run)]
+    scored = {
+        "provenance": {"commit": "c0ffee"},
+        "training": {"steps": 2, "seconds": 1.5},
+        "evaluation": {"checkpoints": names, "tests": {"t16": {"sacrebleu": 1.234}}},
+    }
+    results, out = tmp_path / "results", tmp_path / "translator"
+    results.mkdir()
+    (results / "results.json").write_text(json.dumps(scored))
+    cmd = [sys.executable, str(ROOT / "tools" / "browser_model.py"), "--run", str(tiny_run),
+           "--results", str(results), "--out", str(out)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    about = json.loads((out / "about.json").read_text())
+    assert about["scores"] == {"t16": 1.23} and about["run"]["checkpoints"] == names
+    assert about["run"]["commit"] == "c0ffee" and about["commit"]  # the run's and the export's
+    reference = json.loads((out / "reference.json").read_text())
+    model, tokenizer, _ = load_model(checkpoint_paths(tiny_run))
+    assert reference["test_set"] == "t16" and len(reference["sources"]) == 6
+    assert reference["beam 4"] == translate(model, tokenizer, reference["sources"], beam_size=4)
+    assert OnnxTranslator(out).translate(reference["sources"], beam_size=1) == reference["beam 1"]
+    pieces = json.loads((out / "pieces.json").read_text())
+    assert len(pieces) == tokenizer.vocab_size and pieces[5] == tokenizer.sp.id_to_piece(5)
+    scored["evaluation"]["checkpoints"] = names[:-1] or ["ckpt_other.pt"]
+    (results / "results.json").write_text(json.dumps(scored))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "export the run that was scored" in r.stderr
