@@ -198,6 +198,7 @@
     const $ = (name) => box.querySelector(`[data-lt="${name}"]`);
     const spec = JSON.parse($("spec").textContent), status = $("status");
     const run = async () => {
+      if ($("go").disabled) return; // one translation at a time: Enter pressed again waits
       $("go").disabled = true;
       status.textContent = "translating…";
       try {
