@@ -64,6 +64,9 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # machine.py, beside this file
+
+from machine import describe_cpu, file_name, load
 
 from annotated import make_model, subsequent_mask
 from annotated.batching import BOS, EOS, PAD, Batch, make_batch
@@ -82,6 +85,9 @@ from annotated.schedule import make_optimizer
 from annotated.training.prefetch import Prefetcher
 from annotated.training.provenance import provenance
 from annotated.training_step import loss_on_batch
+
+STEADY = 0.10  # two runs agree within 10% when each path's rounds spread less than this
+BUSY = 0.25  # load average per core above which the machine was not quiet
 
 PRESETS = {  # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target tokens per batch
     "quick": dict(vocab=500, N=1, d_model=64, d_ff=128, h=4, norm_first=False, tokens=400),
@@ -330,6 +336,7 @@ def time_training(
             "model_tflops_per_s": flops / med[k] / 1e12,
             "mfu": flops / med[k] / rate,
             "first_pass_s": warmup[k],
+            "spread": (max(times[k]) - min(times[k])) / med[k],  # of the rounds, per median
         }
         for k in runs
     }
@@ -345,6 +352,13 @@ def time_training(
         "fast_vs_torch": med["torch.nn.Transformer"] / med[FAST]
         if "torch.nn.Transformer" in med
         else None,
+        "fast_vs_torch_by_round": [
+            t / f for t, f in zip(times["torch.nn.Transformer"], times[FAST])
+        ]
+        if "torch.nn.Transformer" in times
+        else None,
+        "fast_vs_reference_by_round": [r / f for r, f in zip(times[first], times[FAST])],
+        "unsteady": [k for k in runs if results[k]["spread"] > STEADY],
     }
     if profile:
         report["profile"] = profile_step(runs[FAST], batches, device)
@@ -575,6 +589,10 @@ def print_training(precision: str, training: dict) -> None:
             f"{precision}: {k:30} {r['median_s_per_step']:8.3f} {r['target_tokens_per_s']:11,.0f} "
             f"{r['speed_vs_reference']:12.2f}x {r['mfu']:7.1%}"
         )
+    if training["unsteady"]:
+        print(f"{precision}: UNSTEADY (rounds spread over {STEADY:.0%} of their median): "
+              f"{', '.join(training['unsteady'])}; run again with more --rounds, on a quieter "
+              f"machine")  # fmt: skip
     vs_torch = training["fast_vs_torch"]
     print(
         f"{precision}: fast path vs torch.nn.Transformer: "
@@ -607,7 +625,7 @@ def main(argv=None) -> int:
         help="wmt presets: split each step into the trainer's micro-batches of at most this "
         "many padded tokens a side (the WMT14 configurations' 8192); default: one micro-batch",
     )
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batches", type=int, default=4, help="batches per round")
     ap.add_argument(
         "--compile", action="store_true", help="also time the fast path under torch.compile"
@@ -621,7 +639,12 @@ def main(argv=None) -> int:
         "--profile", action="store_true", help="profile one round of the fast path's steps"
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--json", type=Path, help="write the figures here, with provenance")
+    ap.add_argument(
+        "--json",
+        type=Path,
+        help="write the figures here, with provenance; `auto`: results/benchmarks/ under a name "
+        "made of the CPU's kind and the preset, one file per kind of CPU",
+    )
     ap.add_argument(
         "--precision",
         help="comma-separated fp32, bf16, fp16 (default: fp32,bf16 on CPU, bf16 on CUDA)",
@@ -639,6 +662,9 @@ def main(argv=None) -> int:
     )
     report = provenance(command.strip(), device)
     report["malloc_environment"] = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    if device.type == "cpu":
+        report["cpu"] = describe_cpu()
+    report["load_per_core"] = {"before": load()}
     report["preset"], report["config"] = args.preset, cfg
     precisions = args.precision.split(",") if args.precision else default_precisions(device)
     report["training"] = {}
@@ -676,9 +702,23 @@ def main(argv=None) -> int:
             cfg, device, 4 if quick else 32, 10 if quick else 50, 1 if quick else 2, precisions[0]
         )
         print_decoding(report["decoding"], precisions[0])
+    report["load_per_core"]["after"] = load()
+    report["busy"] = max(report["load_per_core"].values()) > BUSY  # nan compares False
+    if report["busy"]:
+        print(f"BUSY: the load average was {max(report['load_per_core'].values()):.2f} per core; "
+              f"figures from a machine doing other work are flagged as such")  # fmt: skip
     if args.json:
+        if str(args.json) == "auto":
+            what = args.preset + ("" if args.precision is None else "-" + args.precision)
+            args.json = (
+                ROOT
+                / "results"
+                / "benchmarks"
+                / file_name(report.get("cpu", {"kind": device.type}), what)
+            )
         args.json.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
     for training in report["training"].values():
         assert all(math.isfinite(r["median_s_per_step"]) for r in training["results"].values())
     return 0

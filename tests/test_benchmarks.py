@@ -41,6 +41,14 @@ def test_train_step_benchmark_quick(tmp_path):
     assert res["reference"]["speed_vs_reference"] == 1.0
     assert all(v["target_tokens_per_s"] > 0 and 0 < v["mfu"] < 1 for v in res.values())
     assert {"command", "commit", "date", "device", "torch"} <= set(report)
+    cpu = report["cpu"]  # what the figures depend on besides the code
+    assert cpu["kind"] in ("bf16 units", "AVX-512", "AVX2", "other") and cpu["threads"] >= 1
+    assert cpu["pytorch_kernels"] and isinstance(report["busy"], bool)
+    for training in report["training"].values():  # each path's spread, and which were unsteady
+        spreads = {k: r["spread"] for k, r in training["results"].items()}
+        assert all(s >= 0 for s in spreads.values())
+        assert training["unsteady"] == [k for k, s in spreads.items() if s > 0.10]
+        assert len(training["fast_vs_torch_by_round"]) == report["training"]["fp32"]["rounds"]
     assert list(report["training"]["bf16"]["results"]) == list(res)
     dec = report["decoding"]
     assert dec["output_tokens"] == 10 and dec["sentences"] == 4
@@ -108,3 +116,24 @@ def test_model_flops_counts_the_weights_of_the_model_it_describes(d_k):
     q = 2 * (d_k or 4)  # h d_k: the width of a query or key
     pairs = 2 * sum(si * si + ti * (ti + 1) / 2 + ti * si for si, ti in zip(s, t))
     assert model_flops(b, vocab=50, **shape) == linear + 6 * (q + 8) * pairs
+
+
+def test_a_cpu_is_filed_under_the_kind_its_kernels_make_it(monkeypatch):
+    """An older CPU's kernels asked for with ATEN_CPU_CAPABILITY are named, as emulation."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import machine
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert machine.describe_cpu()["kind"] == "bf16 units"
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "fma"})
+    assert machine.describe_cpu()["kind"] == "AVX2"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "avx512f"})
+    cpu = machine.describe_cpu()
+    assert cpu["kind"] == "avx2 kernels emulated on AVX-512" and cpu["limits"]
+    assert machine.file_name(cpu, "multi30k-cpu") == (
+        "cpu-avx2-kernels-emulated-on-avx-512-multi30k-cpu.json"
+    )
