@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -66,9 +67,19 @@ def file_name(cpu: dict, what: str) -> str:
     return f"cpu-{slug}-{what}.json"
 
 
-def load() -> float:
-    """The machine's 1-minute load average per core: near 0 on a quiet machine."""
+def load(seconds: float = 1.0) -> float:
+    """The share of all cores busy during the next `seconds` (from /proc/stat): near 0 on a quiet
+    machine. Taken before the benchmark starts, so only other work counts."""
+
+    def times() -> list[int]:
+        return [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+
     try:
+        first = times()
+        time.sleep(seconds)
+        second = times()
+    except (OSError, ValueError):  # not Linux: the load average instead
         return os.getloadavg()[0] / (os.cpu_count() or 1)
-    except OSError:
-        return float("nan")
+    delta = [b - a for a, b in zip(first, second)]
+    idle = delta[3] + (delta[4] if len(delta) > 4 else 0)  # idle and waiting for I/O
+    return 1 - idle / max(1, sum(delta))
