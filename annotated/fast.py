@@ -52,9 +52,9 @@ def make_fast(model: nn.Module) -> nn.Module:
 
 @contextmanager
 def fused_attention(model: nn.Module, fused: bool = True):
-    """Inside the block, every MultiHeadedAttention of `model` runs its fused path (fused=False:
-    its reference path, which keeps the weights to draw); afterwards each has its own setting
-    back. Decoding uses the fused path; the fused path keeps no weights to draw."""
+    """Inside the block, every MultiHeadedAttention of `model` runs its fused path, which decoding
+    uses, or with fused=False its reference path, which keeps the weights to draw; afterwards
+    each has its own setting back."""
     layers = [m for m in model.modules() if isinstance(m, MultiHeadedAttention)]
     before = [m.fast for m in layers]
     for m in layers:

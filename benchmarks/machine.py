@@ -22,21 +22,17 @@ import torch
 SETS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
-def cpu_flags() -> set[str]:
+def cpuinfo(field: str) -> str:
+    """The first line of /proc/cpuinfo's `field` ("flags", "model name"), or "" off Linux."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: nothing known beyond what PyTorch says
-        return set()
-    found = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
-    return set(found.group(1).split()) if found else set()
-
-
-def cpu_model() -> str:
-    try:
-        found = re.search(r"^model name\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+        found = re.search(rf"^{field}\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
     except OSError:
-        found = None
-    return found.group(1).strip() if found else (platform.processor() or platform.machine())
+        return ""
+    return found.group(1).strip() if found else ""
+
+
+def cpu_flags() -> set[str]:
+    return set(cpuinfo("flags").split())
 
 
 def describe_cpu() -> dict:
@@ -52,7 +48,7 @@ def describe_cpu() -> dict:
     if "ATEN_CPU_CAPABILITY" in limits:  # an older CPU's kernels, run on this one
         kind = f"{limits['ATEN_CPU_CAPABILITY']} kernels emulated on {kind}"
     return {
-        "model": cpu_model(),
+        "model": cpuinfo("model name") or platform.processor() or platform.machine(),
         "instruction_sets": [s for s in SETS if s in flags],
         "pytorch_kernels": kernels,
         "limits": limits,
