@@ -20,6 +20,8 @@ Training paths, each a whole step (forward, loss, backward, Adam):
    F.cross_entropy(label_smoothing).
    (PyTorch spreads the smoothing mass over all V tokens, the book over V - 2; same cost.)
 It uses fused Adam too. With --compile, another path runs the fast path under torch.compile.
+7. with --annotated-transformer FILE: harvardnlp's Annotated Transformer, its own code loaded from
+   the reader's checkout (benchmarks/annotated_transformer.py), with fused Adam too.
 
 All paths start from the same weights and run interleaved, round by round, so that drifts of a noisy
 machine hit them alike; the report gives medians and ratios to the reference. Every path runs in
@@ -74,6 +76,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # machine.py, beside this file
 
+from annotated_transformer import NotTheAnnotatedTransformer
+from annotated_transformer import load as load_annotated_transformer
+from annotated_transformer import training_step as annotated_transformer_step
 from machine import describe_cpu, file_name, load
 
 from annotated import make_model, subsequent_mask
@@ -111,6 +116,8 @@ WMT_SAMPLE = "wmt_ende_toy_sample_opennmt"  # 10,000 Moses-tokenized pairs under
 
 
 FAST = "fast path (+ fused Adam)"
+HARVARD = "Annotated Transformer (harvardnlp)"
+CONTENDERS = ("reference", "torch.nn.Transformer", "Annotated Transformer")  # for the fast path
 
 
 class TorchTransformer(nn.Module):
@@ -224,6 +231,7 @@ def time_training(
     compile_fast=False,
     only_fast=False,
     profile=False,
+    annotated_transformer=None,
 ):
     vocab, N, d, d_ff, h, pre = (
         cfg["vocab"],
@@ -311,6 +319,18 @@ def time_training(
     else:
         steps = random_batches(n_batches, vocab, cfg["tokens"])
     batches = [[b.to(device) for b in step] for step in steps]  # steps of micro-batches
+    if annotated_transformer is not None:  # harvardnlp's own code, from the reader's checkout
+        torch.manual_seed(0)
+        theirs = annotated_transformer["make_model"](vocab, vocab, N, d, d_ff, h, 0.1).to(device)
+        runs[HARVARD] = annotated_transformer_step(
+            annotated_transformer,
+            theirs,
+            make_optimizer(theirs, d_model=d, fused=True)[0],
+            batches,
+            PAD,
+            vocab,
+            autocast,
+        )
     target_tokens = sum(b.ntokens for step in batches for b in step)
     flops = sum(model_flops(b, **cfg) for step in batches for b in step)
     warmup, peak = {}, {}
@@ -366,6 +386,12 @@ def time_training(
         if "torch.nn.Transformer" in times
         else None,
         "fast_vs_reference_by_round": [r / f for r, f in zip(times[first], times[FAST])],
+        "fast_vs_annotated_transformer": med[HARVARD] / med[FAST] if HARVARD in med else None,
+        "fast_vs_annotated_transformer_by_round": [
+            t / f for t, f in zip(times[HARVARD], times[FAST])
+        ]
+        if HARVARD in times
+        else None,
         "unsteady": [k for k in runs if results[k]["spread"] > STEADY],
     }
     if profile:
@@ -474,6 +500,7 @@ def best_precisions(training: dict) -> dict:
         "reference": "reference",
         "fast path": FAST,
         "torch.nn.Transformer": "torch.nn.Transformer",
+        "Annotated Transformer": HARVARD,
     }
     best = {}
     for short, key in names.items():
@@ -486,7 +513,7 @@ def best_precisions(training: dict) -> dict:
             p = min(runs, key=runs.get)
             best[short] = {"precision": p, "median_s_per_step": runs[p]}
     fast = best.get("fast path", {}).get("median_s_per_step")
-    for short in ("reference", "torch.nn.Transformer"):
+    for short in CONTENDERS:
         if fast and short in best:
             best[f"fast path vs {short}"] = best[short]["median_s_per_step"] / fast
     return best
@@ -589,18 +616,23 @@ def default_precisions(device) -> list[str]:
 
 def print_training(precision: str, training: dict) -> None:
     print(
-        f"\n{precision}: {'path':30} {'s/step':>8} {'tgt tok/s':>11} "
+        f"\n{precision}: {'path':36} {'s/step':>8} {'tgt tok/s':>11} "
         f"{'vs reference':>13} {'MFU':>7}"
     )
     for k, r in training["results"].items():
         print(
-            f"{precision}: {k:30} {r['median_s_per_step']:8.3f} {r['target_tokens_per_s']:11,.0f} "
+            f"{precision}: {k:36} {r['median_s_per_step']:8.3f} {r['target_tokens_per_s']:11,.0f} "
             f"{r['speed_vs_reference']:12.2f}x {r['mfu']:7.1%}"
         )
     if training["unsteady"]:
         print(f"{precision}: UNSTEADY (rounds spread over {STEADY:.0%} of their median): "
               f"{', '.join(training['unsteady'])}; run again with more --rounds, on a quieter "
               f"machine")  # fmt: skip
+    if training["fast_vs_annotated_transformer"]:
+        by_round = training["fast_vs_annotated_transformer_by_round"]
+        print(f"{precision}: fast path vs the Annotated Transformer's code: "
+              f"{training['fast_vs_annotated_transformer']:.2f}x "
+              f"(rounds {min(by_round):.2f}-{max(by_round):.2f})")  # fmt: skip
     vs_torch = training["fast_vs_torch"]
     print(
         f"{precision}: fast path vs torch.nn.Transformer: "
@@ -646,6 +678,13 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--profile", action="store_true", help="profile one round of the fast path's steps"
     )
+    ap.add_argument(
+        "--annotated-transformer",
+        type=Path,
+        metavar="FILE",
+        help="also time harvardnlp's Annotated Transformer: the path of "
+        "the_annotated_transformer.py in a checkout of github.com/harvardnlp/annotated-transformer",
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
         "--json",
@@ -665,15 +704,28 @@ def main(argv=None) -> int:
         cfg["tokens"] = args.tokens
     cfg["max_tokens"] = args.max_tokens
     device = torch.device(args.device)
-    command = "python benchmarks/train_step.py " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
+    harvard = None
+    if args.annotated_transformer:
+        try:
+            harvard, harvard_origin = load_annotated_transformer(args.annotated_transformer)
+        except NotTheAnnotatedTransformer as e:
+            print(e, file=sys.stderr)
+            return 2
+    given = list(argv if argv is not None else sys.argv[1:])
+    if args.annotated_transformer:  # no path of this machine in the record: its sha256 is there
+        given = [
+            "CHECKOUT/the_annotated_transformer.py" if a == str(args.annotated_transformer) else a
+            for a in given
+        ]
+    command = "python benchmarks/train_step.py " + " ".join(given)
     report = provenance(command.strip(), device)
     report["malloc_environment"] = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     if device.type == "cpu":
         report["cpu"] = describe_cpu()
     report["cores_busy"] = {"before": load()}
     report["preset"], report["config"] = args.preset, cfg
+    if harvard is not None:
+        report["annotated_transformer"] = harvard_origin
     precisions = args.precision.split(",") if args.precision else default_precisions(device)
     report["training"] = {}
     print(f"{report['device']}; preset {args.preset}: {cfg}")
@@ -687,10 +739,11 @@ def main(argv=None) -> int:
             compile_fast=args.compile,
             only_fast=args.only_fast,
             profile=args.profile,
+            annotated_transformer=harvard,
         )
         print_training(precision, training)
     report["best"] = best = best_precisions(report["training"])
-    for short in ("reference", "torch.nn.Transformer"):
+    for short in CONTENDERS:
         if f"fast path vs {short}" in best:
             print(
                 f"best precision of each: fast path ({best['fast path']['precision']}) vs {short} "
