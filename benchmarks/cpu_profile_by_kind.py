@@ -46,7 +46,10 @@ def run_kind(name: str, minutes: float, runs: Path, results: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY",
                                                              "ONEDNN_MAX_CPU_ISA")}  # fmt: skip
     env.update(KINDS[name])
-    out, res = runs / name, results / name
+    # paths as seen from the repository root, where the commands run: no path of this machine
+    # goes into their records
+    out = Path(os.path.relpath(runs / name, ROOT))
+    res = Path(os.path.relpath(results / name, ROOT))
     train = [sys.executable, "-m", "annotated.cli.train", "--config", "multi30k-cpu", "--set",
              f"max_minutes={minutes:g}", "--out", str(out), "--no-progress"]  # fmt: skip
     evaluate = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(out), "--results",
@@ -63,7 +66,7 @@ def run_kind(name: str, minutes: float, runs: Path, results: Path) -> dict:
             text=True,
         ).stdout  # fmt: skip
     )
-    record = json.loads((res / "results.json").read_text())
+    record = json.loads((ROOT / res / "results.json").read_text())
     test = record["evaluation"]["tests"]["test2016"]
     return {
         "kind": cpu["kind"],
@@ -74,7 +77,7 @@ def run_kind(name: str, minutes: float, runs: Path, results: Path) -> dict:
         "training_seconds": record["training"]["seconds"],
         "test2016_sacrebleu": test["sacrebleu"],
         "test2016_tokenized_lowercased_bleu": test["tokenized_lowercased_bleu"],
-        "results": os.path.relpath(res, ROOT),
+        "results": str(res),
     }
 
 

@@ -25,8 +25,8 @@ It uses fused Adam too. With --compile, another path runs the fast path under to
 
 All paths start from the same weights and run interleaved, round by round, so that drifts of a noisy
 machine hit them alike; the report gives medians and ratios to the reference. Every path runs in
-each precision asked for (--precision; by default fp32 and bf16 autocast on a CPU, bf16 on CUDA),
-and on CUDA with fused Adam.
+each precision asked for (--precision; by default on a CPU fp32, and bf16 autocast beside it where
+bf16 matrix multiplies pay; bf16 on CUDA), and on CUDA with fused Adam.
 
 Model FLOPs utilisation (MFU) = model FLOPs per second / the device's measured matmul rate, where
 the model FLOPs of a step count only real (non-padding) tokens:
@@ -93,7 +93,7 @@ from annotated.loss import (
     LabelSmoothing,
 )
 from annotated.multihead import MultiHeadedAttention
-from annotated.precision import Precision, choose_precision
+from annotated.precision import BF16_MARGIN, Precision, choose_precision, matmul_speedup
 from annotated.schedule import make_optimizer
 from annotated.training.prefetch import Prefetcher
 from annotated.training.provenance import provenance
@@ -607,11 +607,15 @@ def time_decoding(cfg, device, sentences, out_tokens, rounds, precision="fp32"):
     return report
 
 
-def default_precisions(device) -> list[str]:
-    """CPU: both fp32 and bf16 (which pays depends on the CPU); CUDA: bf16 where supported."""
+def default_precisions(device, report: dict) -> list[str]:
+    """CUDA: bf16 where supported. CPU: fp32, and bf16 beside it where bf16 matrix multiplies are
+    fast enough to pass the first test of the trainer's `auto` probe (matmul_speedup, recorded in
+    the report). Where they are not (no bf16 units, or their kernels turned off), the trainer never
+    runs bf16, and timing it would only take minutes: it is many times slower than fp32 there."""
     if device.type == "cuda":
         return [choose_precision("auto", device)]
-    return ["fp32", "bf16"]
+    report["bf16_matmul_speedup"] = speedup = matmul_speedup()
+    return ["fp32", "bf16"] if speedup >= BF16_MARGIN else ["fp32"]
 
 
 def print_training(precision: str, training: dict) -> None:
@@ -726,7 +730,7 @@ def main(argv=None) -> int:
     report["preset"], report["config"] = args.preset, cfg
     if harvard is not None:
         report["annotated_transformer"] = harvard_origin
-    precisions = args.precision.split(",") if args.precision else default_precisions(device)
+    precisions = args.precision.split(",") if args.precision else default_precisions(device, report)
     report["training"] = {}
     print(f"{report['device']}; preset {args.preset}: {cfg}")
     for precision in precisions:
