@@ -259,3 +259,28 @@ def test_a_file_that_is_not_the_annotated_transformer_is_refused(tmp_path):
         assert r.returncode == 2 and says in r.stderr, r.stderr
         assert "github.com/harvardnlp/annotated-transformer" in r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_the_cpu_profile_runs_under_an_older_cpus_kernels(tmp_path):
+    """cpu_profile_by_kind.py trains the CPU profile's own command line under AVX2 kernels for a
+    few seconds, scores it, and files the row under the emulated kind; a kind it does not know
+    is refused with exit code 2."""
+    script = str(ROOT / "benchmarks" / "cpu_profile_by_kind.py")
+    where = ["--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
+    r = subprocess.run(
+        [sys.executable, script, "--kinds", "avx2", "--minutes", "0.05", *where],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    row = summary["kinds"]["avx2"]
+    assert row["kind"].startswith("avx2 kernels emulated on")
+    assert row["cpu"]["pytorch_kernels"] == "AVX2" and row["precision"] == "fp32"
+    assert 0 < row["steps"] < 2600 and row["training_seconds"] < 60  # stopped by its minutes
+    run = json.loads((tmp_path / "results" / "avx2" / "results.json").read_text())
+    assert run["training"]["steps"] == row["steps"]
+    assert "--set max_minutes=0.05" in run["provenance"]["training_command"]
+    bad = subprocess.run([sys.executable, script, "--kinds", "sse"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown kind sse" in bad.stderr
