@@ -200,6 +200,12 @@ def unused_helper():
 )
 
 
+def train_step_cli(*args: str) -> subprocess.CompletedProcess:
+    script = str(ROOT / "benchmarks" / "train_step.py")
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
 def test_the_annotated_transformers_code_is_timed_from_a_checkout(tmp_path):
     """--annotated-transformer FILE adds harvardnlp's step, from the definitions it needs alone,
     records which file was timed (its sha256) and no path of this machine, and gives the ratio
@@ -212,18 +218,7 @@ def test_the_annotated_transformers_code_is_timed_from_a_checkout(tmp_path):
     code.write_text(STAND_IN)
     out = tmp_path / "bench.json"
     args = ["--quick", "--no-decode", "--no-data", "--precision", "fp32", "--json", str(out)]
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "train_step.py"),
-            *args,
-            "--annotated-transformer",
-            str(code),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = train_step_cli(*args, "--annotated-transformer", str(code))
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
     assert str(tmp_path / "checkout") not in report["command"]
@@ -244,18 +239,7 @@ def test_a_file_that_is_not_the_annotated_transformer_is_refused(tmp_path):
     wrong = tmp_path / "the_annotated_transformer.py"
     wrong.write_text("def make_model():\n    pass\n")
     for given, says in [(wrong, "does not define Batch"), (tmp_path / "absent.py", "Could not")]:
-        r = subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "benchmarks" / "train_step.py"),
-                "--quick",
-                "--annotated-transformer",
-                str(given),
-            ],  # fmt: skip
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        r = train_step_cli("--quick", "--annotated-transformer", str(given))
         assert r.returncode == 2 and says in r.stderr, r.stderr
         assert "github.com/harvardnlp/annotated-transformer" in r.stderr
         assert "Traceback" not in r.stderr
