@@ -48,7 +48,9 @@ round (paths are interleaved, so a round's ratio is less exposed to the machine'
 CPU's kind (benchmarks/machine.py: bf16 units, AVX-512, AVX2, or another CPU's kernels emulated
 through ATEN_CPU_CAPABILITY), its instruction sets and kernels are recorded, and so is the share
 of the cores that other work kept busy just before and after: above 15%, the figures are flagged
-as from a busy machine. `--json auto` files them under results/benchmarks/ by CPU kind and preset.
+as from a busy machine. `--json auto` files them under results/benchmarks/ by CPU kind and preset;
+`--against FILE` says whether this run's ratios agree with an earlier run's within 10%, and how
+far the fast path's own time moved (on a shared host it drifts more than the ratios do).
 
 Speed goals live here, never in timed tests.
 """
@@ -607,6 +609,32 @@ def time_decoding(cfg, device, sentences, out_tokens, rounds, precision="fp32"):
     return report
 
 
+def agreement(report: dict, earlier: dict) -> dict:
+    """Whether this run's figures agree with an earlier run's within STEADY (10%), for each
+    precision both timed: the fast path's ratios to the other contenders, which the book reports
+    (`agree`), and its own time (`time_agrees`), which also moves with whatever else shares the
+    machine's host. Each is given as this run's value over the earlier one's."""
+    out = {}
+    for precision, now in report["training"].items():
+        before = earlier.get("training", {}).get(precision)
+        if before is None:
+            continue
+        ratios = {
+            key: now[key] / before[key]
+            for key in ("fast_vs_torch", "fast_vs_annotated_transformer")
+            if now.get(key) and before.get(key)
+        }
+        time = (now["results"][FAST]["median_s_per_step"]
+                / before["results"][FAST]["median_s_per_step"])  # fmt: skip
+        out[precision] = {
+            "ratios": ratios,
+            "agree": all(abs(r - 1) <= STEADY for r in ratios.values()),
+            "fast_path_time": time,
+            "time_agrees": abs(time - 1) <= STEADY,
+        }
+    return out
+
+
 def default_precisions(device, report: dict) -> list[str]:
     """CUDA: bf16 where supported. CPU: fp32, and bf16 beside it where bf16 matrix multiplies are
     fast enough to pass the first test of the trainer's `auto` probe (matmul_speedup, recorded in
@@ -689,6 +717,12 @@ def main(argv=None) -> int:
         help="also time harvardnlp's Annotated Transformer: the path of "
         "the_annotated_transformer.py in a checkout of github.com/harvardnlp/annotated-transformer",
     )
+    ap.add_argument(
+        "--against",
+        type=Path,
+        metavar="JSON",
+        help="an earlier run's file: say whether this run's figures agree with it within 10%%",
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
         "--json",
@@ -708,6 +742,14 @@ def main(argv=None) -> int:
         cfg["tokens"] = args.tokens
     cfg["max_tokens"] = args.max_tokens
     device = torch.device(args.device)
+    earlier = None
+    if args.against:
+        try:
+            earlier = json.loads(args.against.read_text())
+        except (OSError, ValueError) as e:
+            print(f"Could not read the earlier run {args.against}: {e}. Give a file written by "
+                  f"benchmarks/train_step.py --json.", file=sys.stderr)  # fmt: skip
+            return 2
     harvard = None
     if args.annotated_transformer:
         try:
@@ -772,6 +814,15 @@ def main(argv=None) -> int:
     if report["busy"]:
         print(f"BUSY: {max(report['cores_busy'].values()):.0%} of the cores were busy with "
               f"other work; the figures are flagged as from a busy machine")  # fmt: skip
+    if earlier is not None:
+        report["against"] = {"file": args.against.name, "commit": earlier.get("commit")}
+        report["agreement"] = agreement(report, earlier)
+        for precision, found in report["agreement"].items():
+            shown = ", ".join(f"{k} {v:.2f}x" for k, v in found["ratios"].items())
+            verdict = "agree" if found["agree"] else "do NOT agree"
+            print(f"{precision}: against {args.against.name} (this run / that one): {shown}; "
+                  f"the ratios {verdict} within {STEADY:.0%}; the fast path's time "
+                  f"{found['fast_path_time']:.2f}x")  # fmt: skip
     if args.json:
         if str(args.json) == "auto":
             what = args.preset + ("" if args.precision is None else "-" + args.precision)

@@ -268,3 +268,23 @@ def test_the_cpu_profile_runs_under_an_older_cpus_kernels(tmp_path):
     assert "--set max_minutes=0.05" in run["provenance"]["training_command"]
     bad = subprocess.run([sys.executable, script, "--kinds", "sse"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown kind sse" in bad.stderr
+
+
+def test_two_runs_agree_when_their_figures_are_within_ten_percent(tmp_path):
+    """--against: the fast path's ratios and its time, this run over the earlier one's; a ratio
+    20% off is a disagreement, and a file that cannot be read is refused."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_step
+
+    def run(s_per_step, vs_torch):
+        results = {train_step.FAST: {"median_s_per_step": s_per_step}}
+        return {"training": {"fp32": {"results": results, "fast_vs_torch": vs_torch}}}
+
+    near = train_step.agreement(run(0.25, 1.6), run(0.20, 1.55))["fp32"]
+    assert near["agree"] and list(near["ratios"]) == ["fast_vs_torch"]  # the ratios agree...
+    assert abs(near["fast_path_time"] - 1.25) < 1e-9 and not near["time_agrees"]  # ...the time not
+    assert not train_step.agreement(run(0.20, 1.9), run(0.20, 1.55))["fp32"]["agree"]
+    assert train_step.agreement(run(0.2, 1.6), {"training": {}}) == {}  # nothing to compare
+    r = train_step_cli("--quick", "--against", str(tmp_path / "absent.json"))
+    assert r.returncode == 2 and "Could not read the earlier run" in r.stderr
+    assert "Traceback" not in r.stderr
