@@ -624,13 +624,13 @@ def agreement(report: dict, earlier: dict) -> dict:
             for key in ("fast_vs_torch", "fast_vs_annotated_transformer")
             if now.get(key) and before.get(key)
         }
-        time = (now["results"][FAST]["median_s_per_step"]
-                / before["results"][FAST]["median_s_per_step"])  # fmt: skip
+        moved = (now["results"][FAST]["median_s_per_step"]
+                 / before["results"][FAST]["median_s_per_step"])  # fmt: skip
         out[precision] = {
             "ratios": ratios,
             "agree": all(abs(r - 1) <= STEADY for r in ratios.values()),
-            "fast_path_time": time,
-            "time_agrees": abs(time - 1) <= STEADY,
+            "fast_path_time": moved,
+            "time_agrees": abs(moved - 1) <= STEADY,
         }
     return out
 
