@@ -206,7 +206,7 @@ def test_no_history_in_the_prose():
     ]
 
 
-GLUED_IN_PROSE = re.compile(r"\{glue:text\}`([A-Za-z0-9_.-]+?)(?::|`)")
+GLUED_IN_PROSE = re.compile(r"\{glue:(?:text|md)\}`([A-Za-z0-9_.-]+?)(?::|`)")
 
 
 def glued_names(cells) -> tuple[set, set]:
