@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from annotated.experiments.throughput import matmul_rate  # noqa: E402
 from annotated.files import write_text_atomic  # noqa: E402
 from annotated.training.provenance import provenance  # noqa: E402
 
@@ -54,8 +55,10 @@ def run_kind(name: str, minutes: float, runs: Path, results: Path) -> dict:
              f"max_minutes={minutes:g}", "--out", str(out), "--no-progress"]  # fmt: skip
     evaluate = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(out), "--results",
                 str(res)]  # fmt: skip
-    for command in (train, evaluate):
-        subprocess.run(command, env=env, cwd=ROOT, check=True)
+    rates = [matmul_rate("cpu") / 1e12]  # the host's speed before and after the training
+    subprocess.run(train, env=env, cwd=ROOT, check=True)
+    rates.append(matmul_rate("cpu") / 1e12)
+    subprocess.run(evaluate, env=env, cwd=ROOT, check=True)
     cpu = json.loads(
         subprocess.run(
             [sys.executable, "-c", DESCRIBE],
@@ -78,6 +81,7 @@ def run_kind(name: str, minutes: float, runs: Path, results: Path) -> dict:
         "test2016_sacrebleu": test["sacrebleu"],
         "test2016_tokenized_lowercased_bleu": test["tokenized_lowercased_bleu"],
         "results": str(res),
+        "matmul_tflops_before_after": rates,
     }
 
 
@@ -108,7 +112,13 @@ def main(argv=None) -> int:
         report["kinds"][name] = row = run_kind(name, args.minutes, args.runs, args.results)
         print(f"{row['kind']}: {row['precision']}, {row['steps']:,} steps in {args.minutes:g} "
               f"minutes, test2016 {row['test2016_sacrebleu']:.2f} sacreBLEU")  # fmt: skip
+        rates = [r for k in report["kinds"].values() for r in k["matmul_tflops_before_after"]]
+        report["host_drift"] = (max(rates) - min(rates)) / min(rates) > 0.10
         write_text_atomic(args.results / "summary.json", json.dumps(report, indent=2) + "\n")
+    if report["host_drift"]:
+        print(f"HOST DRIFT: the float32 matmul rate ranged over {min(rates):.3f}-"
+              f"{max(rates):.3f} TFLOP/s across the runs; the kinds' differences include the "
+              f"machine's own")  # fmt: skip
     return 0
 
 

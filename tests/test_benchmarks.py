@@ -266,6 +266,7 @@ def test_the_cpu_profile_runs_under_an_older_cpus_kernels(tmp_path):
     run = json.loads((tmp_path / "results" / "avx2" / "results.json").read_text())
     assert run["training"]["steps"] == row["steps"]
     assert "--set max_minutes=0.05" in run["provenance"]["training_command"]
+    assert len(row["matmul_tflops_before_after"]) == 2 and isinstance(summary["host_drift"], bool)
     bad = subprocess.run([sys.executable, script, "--kinds", "sse"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown kind sse" in bad.stderr
 
