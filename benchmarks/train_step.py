@@ -379,26 +379,25 @@ def time_training(
         "micro_batches_per_step": len(batches[0]),
         "source_tokens_per_step": sum(int((b.src != PAD).sum()) for s in batches for b in s)
         / len(batches),
-        "fast_vs_torch": med["torch.nn.Transformer"] / med[FAST]
-        if "torch.nn.Transformer" in med
-        else None,
-        "fast_vs_torch_by_round": [
-            t / f for t, f in zip(times["torch.nn.Transformer"], times[FAST])
-        ]
-        if "torch.nn.Transformer" in times
-        else None,
+        **versus("torch", "torch.nn.Transformer", med, times),
         "fast_vs_reference_by_round": [r / f for r, f in zip(times[first], times[FAST])],
-        "fast_vs_annotated_transformer": med[HARVARD] / med[FAST] if HARVARD in med else None,
-        "fast_vs_annotated_transformer_by_round": [
-            t / f for t, f in zip(times[HARVARD], times[FAST])
-        ]
-        if HARVARD in times
-        else None,
+        **versus("annotated_transformer", HARVARD, med, times),
         "unsteady": [k for k in runs if results[k]["spread"] > STEADY],
     }
     if profile:
         report["profile"] = profile_step(runs[FAST], batches, device)
     return report
+
+
+def versus(short: str, path: str, med: dict, times: dict) -> dict:
+    """The fast path's speed-up over `path`, from the medians and round by round; None for both
+    where `path` was not timed."""
+    if path not in med:
+        return {f"fast_vs_{short}": None, f"fast_vs_{short}_by_round": None}
+    return {
+        f"fast_vs_{short}": med[path] / med[FAST],
+        f"fast_vs_{short}_by_round": [t / f for t, f in zip(times[path], times[FAST])],
+    }
 
 
 def profile_step(run, batches, device, top=15) -> dict:
