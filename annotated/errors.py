@@ -8,10 +8,12 @@ __all__ = [
     "DataError",
     "ChecksumError",
     "Preempted",
+    "out_of_memory",
 ]
 
 # %% ../notebooks/06c_trainer.ipynb #c002
 # The errors a reader can fix. Each command line prints the message and exits with code 2.
+import torch
 
 
 class ExpectedError(Exception):
@@ -38,3 +40,8 @@ class Preempted(TrainingError):
     """A run asked to stop (SIGTERM, SIGUSR1) that saved its step first: resume it."""
 
     exit_code = 75  # EX_TEMPFAIL: try again later; a requeued job continues with --resume
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """A GPU's or the CPU allocator's refusal, as PyTorch reports it."""
+    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e)

@@ -38,8 +38,11 @@ import torch
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))  # train_step.py, beside this file
 from annotated.files import write_text_atomic
 from annotated.training.provenance import provenance
+
+from train_step import CONFIGURED_MAX_TOKENS
 
 PARTS = ("tests", "base", "big", "wmt14-base", "wmt14-big")
 TESTS = [
@@ -180,7 +183,8 @@ def main(argv=None) -> int:
             if preset not in parts:
                 continue
             runs = report["parts"][preset] = {}
-            configured = ("--max-tokens", "8192", *ONLY_FAST, "--batches", "6")
+            limit = str(CONFIGURED_MAX_TOKENS[preset])  # the trainer's optim.max_tokens
+            configured = ("--max-tokens", limit, *ONLY_FAST, "--batches", "6")
             for name, extra, tokens in [  # the eager step first: compiling can outlast a limit
                 ("configured", ("--profile", *configured), 25000),
                 ("configured-compiled", ("--compile", *configured), 25000),

@@ -289,3 +289,15 @@ def test_two_runs_agree_when_their_figures_are_within_ten_percent(tmp_path):
     r = train_step_cli("--quick", "--against", str(tmp_path / "absent.json"))
     assert r.returncode == 2 and "Could not read the earlier run" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_gpu_suite_times_the_micro_batches_the_trainer_configures(monkeypatch):
+    """The suite's "configured" WMT14 step uses each configuration's own optim.max_tokens."""
+    from annotated.training.registry import build_config
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import train_step
+
+    for name, max_tokens in train_step.CONFIGURED_MAX_TOKENS.items():
+        assert build_config(name).optim.max_tokens == max_tokens, name
+    assert set(train_step.CONFIGURED_MAX_TOKENS) == {p for p in train_step.PRESETS if "wmt" in p}

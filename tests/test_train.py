@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from annotated.training.checkpoints import checkpoint_paths
 from annotated.training.registry import build_config
 
 from helpers import (
@@ -310,6 +311,56 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
     assert "interrupted at step" in err and "--resume" in err and "ckpt_" in err
 
 
+GPU_FULL = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.77 GiB"
+CPU_FULL = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648 bytes"
+
+
+@pytest.mark.parametrize(
+    "refusal, where",
+    [(torch.OutOfMemoryError(GPU_FULL), "the GPU's"), (RuntimeError(CPU_FULL), "this machine's")],
+)
+def test_a_micro_batch_too_large_for_memory_names_the_setting_that_fits(
+    tmp_path, monkeypatch, capsys, refusal, where
+):
+    """PyTorch's out-of-memory error in a step becomes a message and exit code 2 (no traceback),
+    nothing is written for the step, and the setting the message names lets the run resume and
+    finish. Another error in the step stays a traceback: it is a bug."""
+    trainer = importlib.import_module("annotated.training.trainer")
+    train_cli = importlib.import_module("annotated.cli.train")
+    out = tmp_path / "run"
+    common = [*TINY, *sets("checkpoint_every=2", "optim.max_tokens=3000"), "--out", str(out)]
+    args = ["--config", "copy", "--no-progress", *common]
+    assert train_cli.main([*args, "--max-steps", "2"]) == 0
+    before = {p.name: p.read_bytes() for p in checkpoint_paths(out)}
+    real_step = trainer.train_step
+
+    def refused(*a, **k):
+        raise refusal
+
+    monkeypatch.setattr(trainer, "train_step", refused)
+    capsys.readouterr()
+    assert train_cli.main([*args, "--max-steps", "4", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"ran out of {where} memory" in err, err
+    assert "allocate 2" in err and "ckpt_00000002.pt" in err, err
+    assert "up to 3,000 padded tokens" in err, err
+    setting = re.search(r"--set (optim\.max_tokens=\d+)", err).group(1)
+    assert setting == "optim.max_tokens=1500", err
+    assert {p.name: p.read_bytes() for p in checkpoint_paths(out)} == before
+
+    monkeypatch.setattr(trainer, "train_step", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        train_cli.main([*args, "--max-steps", "4", "--resume"])
+    with pytest.raises(RuntimeError, match="a bug"):
+        monkeypatch.setattr(trainer, "train_step", lambda *a, **k: (_ for _ in ()).throw(
+            RuntimeError("a bug")))  # fmt: skip
+        train_cli.main([*args, "--max-steps", "4", "--resume"])
+
+    monkeypatch.setattr(trainer, "train_step", real_step)
+    assert train_cli.main([*args, "--max-steps", "4", "--resume", "--set", setting]) == 0
+    assert [p.name for p in checkpoint_paths(out)][-1] == "ckpt_00000004.pt"
+
+
 def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_path, monkeypatch):
     trainer = importlib.import_module("annotated.training.trainer")
     out = tmp_path / "run"
@@ -325,7 +376,7 @@ def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_p
         ],
     )
     trainer.train(cfg, out, progress=False)
-    before = {p.name: p.read_bytes() for p in trainer.checkpoint_paths(out)}
+    before = {p.name: p.read_bytes() for p in checkpoint_paths(out)}
 
     def full_disk(obj, f, *a, **k):
         Path(f).write_bytes(b"partial")
@@ -338,7 +389,7 @@ def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_p
     ):
         trainer.train(cfg, out, resume=True, progress=False)
     assert not list((out / "checkpoints").glob("*.tmp"))
-    assert {p.name: p.read_bytes() for p in trainer.checkpoint_paths(out)} == before
+    assert {p.name: p.read_bytes() for p in checkpoint_paths(out)} == before
 
 
 def test_resume_keeps_the_earlier_segment_and_logs_the_rate_each_step_used(tmp_path):

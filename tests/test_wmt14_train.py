@@ -95,8 +95,12 @@ def test_a_pair_over_the_budget_is_batched_alone():
 
 def test_automatic_accumulation_and_its_checks():
     cfg = build_config("wmt14-base")
-    assert (cfg.optim.accum, cfg.optim.tokens_per_step, cfg.optim.max_tokens) == (0, 25_000, 8192)
-    assert [micro_batches_per_process(cfg, w) for w in (1, 2, 4, 8)] == [4, 2, 1, 1]
+    assert (cfg.optim.accum, cfg.optim.tokens_per_step, cfg.optim.max_tokens) == (0, 25_000, 32_768)
+    assert [micro_batches_per_process(cfg, w) for w in (1, 2, 4, 8)] == [1, 1, 1, 1]
+    big = build_config("wmt14-big")
+    assert [micro_batches_per_process(big, w) for w in (1, 2, 4, 8)] == [2, 1, 1, 1]
+    smaller = build_config("wmt14-base", ["optim.max_tokens=8192"])  # a GPU with less memory
+    assert [micro_batches_per_process(smaller, w) for w in (1, 2, 4, 8)] == [4, 2, 1, 1]
     assert micro_batches_per_process(build_config("wmt14-base", ["optim.accum=3"]), 8) == 3
     for bad, key in (
         (["optim.tokens_per_step=0"], "accum"),

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ExpectedError
+from ..errors import ExpectedError, out_of_memory
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
 from ..experiments.plots import save_run_plot
 from ..files import check_writable
 from ..training.checkpoints import checkpoint_step
 from ..training.tensorboard import board_scores
-from .translate import out_of_memory
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-c023c

@@ -13,6 +13,7 @@ __all__ = [
     "resumed_micro_batches",
     "all_finite",
     "diverged",
+    "ended_early",
     "rng_state",
     "restore_rng_state",
     "ARCHITECTURE",
@@ -186,6 +187,25 @@ def diverged(out: Path, step: int, what: str) -> TrainingError:
         f"the run diverged at step {step}: {what}. Nothing was saved for it; {last}. "
         f"Lower optim.lr_factor or raise optim.warmup (--set ...), then --resume from it "
         f"or restart."
+    )
+
+
+def ended_early(out: Path, step: int, max_tokens: int, e: BaseException) -> TrainingError:
+    """The error for a run stopped by Ctrl-C, or by a micro-batch that did not fit in memory."""
+    good = checkpoint_paths(out)
+    last = f"the last checkpoint is {good[-1]}" if good else "no checkpoint was written yet"
+    if isinstance(e, KeyboardInterrupt):
+        return TrainingError(
+            f"interrupted at step {step}; {last}. Continue with the same command and --resume."
+        )
+    where = "the GPU's" if isinstance(e, torch.OutOfMemoryError) else "this machine's"
+    said = ". ".join(str(e).split(". ")[:2])  # PyTorch's first words: what it tried to allocate
+    return TrainingError(
+        f"step {step} ran out of {where} memory ({said}); {last}. A micro-batch may hold up to "
+        f"{max_tokens:,} padded tokens a side (optim.max_tokens). Smaller micro-batches make "
+        f"the same step, with more of them accumulated: run the same command with "
+        f"--set optim.max_tokens={max(1, max_tokens // 2)} (and --resume if a checkpoint was "
+        f"written)."
     )
 
 

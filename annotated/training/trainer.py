@@ -14,9 +14,9 @@ from torch import nn
 
 from annotated.training.checkpoints import (
     all_finite,
-    checkpoint_paths,
     checkpoint_step,
     diverged,
+    ended_early,
     initial_weights,
     load_checkpoint,
     load_weights,
@@ -48,7 +48,7 @@ from annotated.training.run_folder import (
 )
 
 from ..batching import PAD
-from ..errors import ConfigError, Preempted, TrainingError
+from ..errors import ConfigError, Preempted, TrainingError, out_of_memory
 from ..fast import make_fast
 from ..loss import FusedLabelSmoothing, LabelSmoothing
 from ..model import make_model
@@ -312,13 +312,10 @@ def _train_locked(
                 last_path, last_time = _checkpoint(out, run, cfg, world), time.time()
             if stop.agreed(world, device):  # SIGTERM or SIGUSR1: save this step and stop
                 raise _stopped(out, run, cfg, rank, world, device, stop, last_path)
-    except KeyboardInterrupt:
-        good = checkpoint_paths(out)
-        raise TrainingError(
-            f"interrupted at step {run.step}. The last checkpoint is "
-            f"{good[-1] if good else 'none (nothing to resume)'}; continue with the same "
-            f"command and --resume."
-        ) from None
+    except (KeyboardInterrupt, RuntimeError) as e:  # Ctrl-C, or a micro-batch too large
+        if not isinstance(e, KeyboardInterrupt) and not out_of_memory(e):
+            raise
+        raise ended_early(out, run.step, cfg.optim.max_tokens, e) from None
     finally:
         batches.close()
         log.close()

@@ -97,7 +97,7 @@ def parallel_base_config() -> TrainConfig:
             warmup=4000,
             label_smoothing=0.1,
             tokens_per_step=25_000,
-            max_tokens=8192,
+            max_tokens=32_768,  # one GPU: the whole step in one micro-batch
             accum=0,
         ),
         max_steps=100_000,

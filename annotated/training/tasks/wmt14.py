@@ -91,7 +91,7 @@ def wmt14_base_config() -> TrainConfig:
             warmup=4000,
             label_smoothing=0.1,
             tokens_per_step=25_000,
-            max_tokens=8192,
+            max_tokens=32_768,  # one GPU: the whole step in one micro-batch
             accum=0,  # as many micro-batches per GPU as 25,000 tokens need
         ),
         max_steps=100_000,
@@ -104,9 +104,11 @@ def wmt14_base_config() -> TrainConfig:
 
 def wmt14_big_config() -> TrainConfig:
     """Transformer big on WMT14 en-de (Table 3, row "big"; dropout 0.3): 300k steps."""
+    base = wmt14_base_config()
     return replace(
-        wmt14_base_config(),
+        base,
         model=ModelConfig(N=6, d_model=1024, d_ff=4096, h=16, dropout=0.3, max_len=1024),
+        optim=replace(base.optim, max_tokens=16_384),  # twice the activations per token
         max_steps=300_000,
         checkpoint_every=600,  # 300k steps took 3.5 days: 10 minutes are ~600 steps
         keep_last=20,
