@@ -108,7 +108,7 @@ def wmt14_big_config() -> TrainConfig:
     return replace(
         base,
         model=ModelConfig(N=6, d_model=1024, d_ff=4096, h=16, dropout=0.3, max_len=1024),
-        optim=replace(base.optim, max_tokens=16_384),  # twice the activations per token
+        optim=replace(base.optim, max_tokens=16_384),  # more memory per token than base
         max_steps=300_000,
         checkpoint_every=600,  # 300k steps took 3.5 days: 10 minutes are ~600 steps
         keep_last=20,
