@@ -1,10 +1,13 @@
 """Helpers that several test files share."""
 
 import http.server
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -139,3 +142,37 @@ def checkpoint_names(out: Path) -> list[str]:
 
 TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
 TORCHRUN_2 += ["2", "-m"]
+
+
+def killed_then_resumed(tmp_path: Path, args: list[str], steps: int) -> tuple[dict, dict]:
+    """Train `args` (a trainer command line without --out) for `steps` steps straight through,
+    and again killed with SIGKILL after its first checkpoint, then resumed: both final weights.
+    Checks that the kill came mid-run, that its partial file was cleared and that the log ends
+    at `steps`."""
+    run_trainer(*args, "--out", str(tmp_path / "straight"))
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "annotated.cli.train", "--no-progress", *args, "--out", str(killed)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    deadline = time.time() + 120
+    while (
+        not list((killed / "checkpoints").glob("ckpt_*.pt"))
+        and time.time() < deadline
+        and proc.poll() is None
+    ):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = sorted((killed / "checkpoints").glob("ckpt_*.pt"))
+    assert done, "no checkpoint was written before the kill"
+    assert int(done[-1].stem.split("_")[1]) < steps, "the run finished before it could be killed"
+    run_trainer(*args, "--out", str(killed), "--resume")
+    assert not list((killed / "checkpoints").glob("*.tmp"))  # a killed run's partial file
+    logged = [
+        json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert logged[-1] == steps
+    return final_weights(tmp_path / "straight"), final_weights(killed)

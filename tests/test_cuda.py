@@ -19,7 +19,7 @@ from annotated.training.tasks.copy import copy_batch
 from annotated.training.trainer import train
 from annotated.training_step import loss_on_batch
 
-from helpers import padded_batch
+from helpers import killed_then_resumed, padded_batch, sets
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = torch.device("cuda")
@@ -152,6 +152,18 @@ def test_resume_on_cuda_continues_the_same_run(tmp_path):
     a, b = weights_of(straight), weights_of(resumed)
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_a_run_killed_on_cuda_resumes_to_the_same_weights(tmp_path):
+    """SIGKILL mid-run (no clean stop: the process just ends), then --resume: exactly the weights
+    of an uninterrupted run, in bf16 with dropout, on the GPU."""
+    overrides = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.dropout=0.1"]
+    overrides += ["max_steps=300", "checkpoint_every=20", "keep_last=50", "precision=bf16"]
+    straight, killed = killed_then_resumed(tmp_path, ["--config", "copy", *sets(*overrides)], 300)
+    record = json.loads((tmp_path / "killed" / "run.json").read_text())
+    assert record["device"] != "cpu", record["device"]
+    for k in straight:
+        assert torch.equal(straight[k], killed[k]), k
 
 
 def test_compile_on_cuda_trains_like_eager(tmp_path):

@@ -23,6 +23,7 @@ from helpers import (
     checkpoint_names,
     error_of,
     final_weights,
+    killed_then_resumed,
     run_trainer,
     sets,
     tiny_copy,
@@ -82,36 +83,9 @@ def test_sigkill_then_resume_is_identical(tmp_path):
         *TINY,
         *sets("max_steps=400", "checkpoint_every=20", "model.dropout=0.1", "keep_last=50"),
     ]
-    run_trainer(*args, "--out", str(tmp_path / "straight"))
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "annotated.cli.train", "--no-progress", *args, "--out", str(killed)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    deadline = time.time() + 120
-    while (
-        not list((killed / "checkpoints").glob("ckpt_*.pt"))
-        and time.time() < deadline
-        and proc.poll() is None
-    ):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = sorted((killed / "checkpoints").glob("ckpt_*.pt"))
-    assert done, "no checkpoint was written before the kill"
-    assert int(done[-1].stem.split("_")[1]) < 400, "the run finished before it could be killed"
-    run_trainer(*args, "--out", str(killed), "--resume")
-    # a killed run's partial file is cleared
-    assert not list((killed / "checkpoints").glob("*.tmp"))
-    a, b = final_weights(tmp_path / "straight"), final_weights(killed)
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    steps = [
-        json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert steps[-1] == 400
+    straight, killed = killed_then_resumed(tmp_path, args, 400)
+    for k in straight:
+        assert torch.equal(straight[k], killed[k]), k
 
 
 def test_unknown_config_key_and_type(tmp_path):
