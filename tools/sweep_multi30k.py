@@ -86,6 +86,7 @@ TRIALS = {
 # post-norm form. Its recipe with post-norm (peak learning rate 1.4e-3 after 1,000 warm-up steps)
 # collapsed; the trials lower the peak, lengthen the warm-up, clip gradients, lower dropout.
 POST = ["model.norm_first=false", "checkpoint_every=100"]  # short trials: average late checkpoints
+CLIP_HALF = ["optim.lr_factor=0.5", "optim.max_grad_norm=1.0"]  # multi30k-postnorm's changes
 GPU_TRIALS = {
     "post-lr0.5": [*POST, "optim.lr_factor=0.5"],
     "post-lr0.35": [*POST, "optim.lr_factor=0.35"],
@@ -94,6 +95,16 @@ GPU_TRIALS = {
     "post-w4k": [*POST, "optim.warmup=4000"],
     "post-lr0.5-drop0.1": [*POST, "optim.lr_factor=0.5", "model.dropout=0.1"],
     "post-lr0.7-w2k": [*POST, "optim.lr_factor=0.7", "optim.warmup=2000"],
+    # the first six all sat at the unigram level until step 500-750; dropout 0.1 left it
+    # soonest: these combine it with clipping, and try a batch twice as large at a higher rate
+    "post-lr0.5-clip1-drop0.1": [*POST, *CLIP_HALF, "model.dropout=0.1"],
+    "post-lr0.5-clip1-drop0.2": [*POST, *CLIP_HALF, "model.dropout=0.2"],
+    "post-lr0.7-clip1-24k": [
+        *POST,
+        "optim.lr_factor=0.7",
+        "optim.max_grad_norm=1.0",
+        "optim.max_tokens=24000",
+    ],  # fmt: skip
     "pre": ["model.norm_first=true", "checkpoint_every=100"],
 }
 SWEEPS = {  # profile -> (its trials, the folder of its records)
