@@ -335,6 +335,15 @@ def test_a_micro_batch_too_large_for_memory_names_the_setting_that_fits(
     assert [p.name for p in checkpoint_paths(out)][-1] == "ckpt_00000004.pt"
 
 
+def test_a_run_ended_before_its_first_checkpoint_is_not_told_to_resume(tmp_path):
+    from annotated.training.checkpoints import ended_early
+
+    for e in (KeyboardInterrupt(), torch.OutOfMemoryError(GPU_FULL)):
+        message = str(ended_early(tmp_path / "run", 3, 4096, e))
+        assert "no checkpoint was written yet" in message and "--resume" not in message, message
+    assert "--set optim.max_tokens=2048" in message, message
+
+
 def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_path, monkeypatch):
     trainer = importlib.import_module("annotated.training.trainer")
     out = tmp_path / "run"

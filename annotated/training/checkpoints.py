@@ -194,18 +194,16 @@ def ended_early(out: Path, step: int, max_tokens: int, e: BaseException) -> Trai
     """The error for a run stopped by Ctrl-C, or by a micro-batch that did not fit in memory."""
     good = checkpoint_paths(out)
     last = f"the last checkpoint is {good[-1]}" if good else "no checkpoint was written yet"
+    again = "the same command with --resume" if good else "the same command (nothing to resume)"
     if isinstance(e, KeyboardInterrupt):
-        return TrainingError(
-            f"interrupted at step {step}; {last}. Continue with the same command and --resume."
-        )
+        return TrainingError(f"interrupted at step {step}; {last}. Continue with {again}.")
     where = "the GPU's" if isinstance(e, torch.OutOfMemoryError) else "this machine's"
     said = ". ".join(str(e).split(". ")[:2])  # PyTorch's first words: what it tried to allocate
     return TrainingError(
         f"step {step} ran out of {where} memory ({said}); {last}. A micro-batch may hold up to "
         f"{max_tokens:,} padded tokens a side (optim.max_tokens). Smaller micro-batches make "
-        f"the same step, with more of them accumulated: run the same command with "
-        f"--set optim.max_tokens={max(1, max_tokens // 2)} (and --resume if a checkpoint was "
-        f"written)."
+        f"the same step, with more of them accumulated: run {again}, adding "
+        f"--set optim.max_tokens={max(1, max_tokens // 2)}."
     )
 
 
