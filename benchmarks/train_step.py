@@ -114,8 +114,6 @@ PRESETS = {  # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target 
 # WMT14 sizes on batches whose sentence lengths follow the WMT en-de sample (see wmt_sample_batches)
 PRESETS["wmt14-base"] = dict(PRESETS["base"], lengths="wmt")
 PRESETS["wmt14-big"] = dict(PRESETS["big"], lengths="wmt")
-# optim.max_tokens of the trainer's wmt14-base and wmt14-big (tests/test_benchmarks.py checks it)
-CONFIGURED_MAX_TOKENS = {"wmt14-base": 32768, "wmt14-big": 16384}
 WMT_SAMPLE = "wmt_ende_toy_sample_opennmt"  # 10,000 Moses-tokenized pairs under $ANNOTATED_DATA
 
 

@@ -285,6 +285,15 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
     assert "interrupted at step" in err and "--resume" in err and "ckpt_" in err
 
 
+def raising(error: BaseException):
+    """A stand-in for the training step that raises `error`."""
+
+    def step(*args, **kwargs):
+        raise error
+
+    return step
+
+
 GPU_FULL = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.77 GiB"
 CPU_FULL = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648 bytes"
 
@@ -307,11 +316,7 @@ def test_a_micro_batch_too_large_for_memory_names_the_setting_that_fits(
     assert train_cli.main([*args, "--max-steps", "2"]) == 0
     before = {p.name: p.read_bytes() for p in checkpoint_paths(out)}
     real_step = trainer.train_step
-
-    def refused(*a, **k):
-        raise refusal
-
-    monkeypatch.setattr(trainer, "train_step", refused)
+    monkeypatch.setattr(trainer, "train_step", raising(refusal))
     capsys.readouterr()
     assert train_cli.main([*args, "--max-steps", "4", "--resume"]) == 2
     err = capsys.readouterr().err
@@ -322,13 +327,10 @@ def test_a_micro_batch_too_large_for_memory_names_the_setting_that_fits(
     assert setting == "optim.max_tokens=1500", err
     assert {p.name: p.read_bytes() for p in checkpoint_paths(out)} == before
 
-    monkeypatch.setattr(trainer, "train_step", lambda *a, **k: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        train_cli.main([*args, "--max-steps", "4", "--resume"])
-    with pytest.raises(RuntimeError, match="a bug"):
-        monkeypatch.setattr(trainer, "train_step", lambda *a, **k: (_ for _ in ()).throw(
-            RuntimeError("a bug")))  # fmt: skip
-        train_cli.main([*args, "--max-steps", "4", "--resume"])
+    for bug in (ZeroDivisionError("a bug"), RuntimeError("a bug")):
+        monkeypatch.setattr(trainer, "train_step", raising(bug))
+        with pytest.raises(type(bug), match="a bug"):
+            train_cli.main([*args, "--max-steps", "4", "--resume"])
 
     monkeypatch.setattr(trainer, "train_step", real_step)
     assert train_cli.main([*args, "--max-steps", "4", "--resume", "--set", setting]) == 0
