@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from .multihead import KVCache, MultiHeadedAttention, clones
+from .multihead import MultiHeadedAttention, clones
 
 
 # %% ../notebooks/03_feed_forward_and_residuals.ipynb #c005
@@ -99,17 +99,11 @@ class DecoderLayer(nn.Module):
         self.size, self.norm_first = size, norm_first
 
     def forward(
-        self,
-        x: Tensor,
-        memory: Tensor,
-        src_mask: Tensor,
-        tgt_mask: Tensor | None,
-        cache: tuple[KVCache, KVCache] | None = None,
+        self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor | None
     ) -> Tensor:
         """x: (batch, n_tgt, d_model), memory: (batch, n_src, d_model); tgt_mask (batch, n_tgt,
-        n_tgt), src_mask (batch, 1, n_src); cache: (self-attention's, memory's) KVCache or None."""
-        self_cache, memory_cache = cache or (None, None)
+        n_tgt), src_mask (batch, 1, n_src)."""
         m = memory
-        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask, cache=self_cache))
-        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask, cache=memory_cache))
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask))
         return self.sublayer[2](x, self.feed_forward)

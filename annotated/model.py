@@ -28,7 +28,7 @@ from annotated.embeddings import (
 )
 
 from .layers import LAYER_NORM_EPS, DecoderLayer, EncoderLayer, PositionwiseFeedForward
-from .multihead import KVCache, MultiHeadedAttention, clones
+from .multihead import MultiHeadedAttention, clones
 
 
 # %% ../notebooks/05_full_model.ipynb #c005
@@ -64,11 +64,9 @@ class Decoder(nn.Module):
         memory: Tensor,
         src_mask: Tensor,
         tgt_mask: Tensor | None,
-        cache: list[tuple[KVCache, KVCache]] | None = None,
     ) -> Tensor:
-        """cache: one (self-attention, memory) pair of KVCache per layer, or None (chapter 7)."""
-        for i, layer in enumerate(self.layers):
-            x = layer(x, memory, src_mask, tgt_mask, None if cache is None else cache[i])
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)
         return self.norm(x)  # (batch, n_tgt, d_model)
 
 

@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+import glue_prose
 import yaml
 
 from helpers import toc_files
@@ -99,18 +100,174 @@ def exported_cells(notebook: dict) -> list[str]:
     ]
 
 
+PAPER_PARTS = [
+    "The model (paper sections 1-4)",
+    "Training (paper section 5)",
+    "Decoding and evaluation (paper section 6)",
+    "Translating real data (Multi30k)",
+]
+ENGINEER = "The engineer's part"  # the captions of the parts after the paper's path start so
+
+
 def test_the_book_reads_in_parts_and_ends_with_the_machinery():
     captions = list(parts())
-    assert captions[:5] == [
-        "The model (paper sections 1-4)",
-        "Training (paper section 5)",
-        "Decoding and evaluation (paper section 6)",
-        "Translating real data (Multi30k)",
-        "WMT14 at the paper's scale",
-    ]
+    assert captions[: len(PAPER_PARTS)] == PAPER_PARTS
+    rest = captions[len(PAPER_PARTS) : -2]
+    assert rest and all(c.startswith(ENGINEER) for c in rest), rest
+    assert captions[-2] == "Back matter"
     assert captions[-1].startswith("Appendix: the machinery")
     assert all(p.name.startswith("A") for p in chapters("appendix"))
     assert not any(p.name.startswith("A") for p in chapters("reading"))
+
+
+def paper_path() -> list[Path]:
+    """The chapters a reader of the paper reads in one sitting: the parts before the engineer's."""
+    files = [f for c in PAPER_PARTS for f in parts()[c] if f.startswith("notebooks/")]
+    return [ROOT / f"{f}.ipynb" for f in files]
+
+
+WORDS_PER_MINUTE = 230
+LIMITS = {"chapter_minutes": 12, "chapter_lines": 250, "path_minutes": 90}
+
+
+def reading_minutes_and_lines(notebook: dict) -> tuple[float, int]:
+    """Minutes of prose (words of the markdown cells, fenced code left out, at 230 a minute) and
+    exported lines (non-blank lines of `#| export` cells, the directives left out)."""
+    words = lines = 0
+    for cell in notebook["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            words += len(re.sub(r"```.*?```", "", text, flags=re.S).split())
+        elif cell["cell_type"] == "code" and re.search(r"^#\|\s*export", text, re.M):
+            lines += sum(1 for s in text.splitlines() if s.strip() and not s.startswith("#|"))
+    return words / WORDS_PER_MINUTE, lines
+
+
+def test_reading_time_is_measured_as_documented():
+    notebook = {
+        "cells": [
+            {"cell_type": "markdown", "source": ["Two words\n", "```python\nx = 1\n```"]},
+            {"cell_type": "code", "source": ["#| export\n", "def f():\n", "\n", "    return 1"]},
+            {"cell_type": "code", "source": ["y = 2  # not exported"]},
+        ]
+    }
+    assert reading_minutes_and_lines(notebook) == (2 / WORDS_PER_MINUTE, 2)
+
+
+def test_the_papers_path_reads_in_one_sitting():
+    """Every chapter of the paper's path within 12 minutes of prose and 250 exported lines, and
+    the whole path within 90 minutes; the engineer's chapters within 12 minutes each. The table
+    is printed (pytest -s shows it)."""
+    path = paper_path()
+    over, total = [], 0.0
+    print(f"\n{'chapter':34} {'minutes':>7} {'lines':>6}")
+    for nb in chapters("reading"):
+        minutes, lines = reading_minutes_and_lines(json.loads(nb.read_text(encoding="utf-8")))
+        on_path = nb in path
+        total += minutes if on_path else 0.0
+        print(f"{nb.stem:34} {minutes:7.1f} {lines:6d}{'' if on_path else '  (engineer)'}")
+        if minutes > LIMITS["chapter_minutes"]:
+            over.append(f"{nb.stem}: {minutes:.1f} minutes of prose")
+        if on_path and lines > LIMITS["chapter_lines"]:
+            over.append(f"{nb.stem}: {lines} exported lines")
+    print(f"{'the paper path':34} {total:7.1f}")
+    assert total <= LIMITS["path_minutes"], f"the paper's path takes {total:.1f} minutes"
+    assert not over, over
+
+
+def chapter_label(nb: Path) -> str:
+    """How figures of a chapter are numbered: 00 -> 0, 05b -> 5b, A6 -> A6."""
+    prefix = nb.stem.split("_")[0]
+    return prefix if prefix.startswith("A") else (prefix.lstrip("0") or "0")
+
+
+def is_chart(cell: dict) -> bool:
+    for output in cell.get("outputs", []):
+        data = output.get("data", {})
+        html = "".join(data.get("text/html", ""))
+        if {"image/png", "image/svg+xml"} & set(data) or "vegaEmbed" in html or "<svg" in html:
+            return True
+    return False
+
+
+def captions_of(nb: Path) -> list[str]:
+    """The problems with a chapter's figures: each must be followed by a markdown cell that
+    starts `**Figure X.N.**`, numbered 1, 2, ... in the chapter."""
+    cells, label, problems, n = json.loads(nb.read_text(encoding="utf-8"))["cells"], "", [], 0
+    label = chapter_label(nb)
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] != "code" or not is_chart(cell):
+            continue
+        n += 1
+        after = cells[i + 1] if i + 1 < len(cells) else {"cell_type": "code", "source": []}
+        text = "".join(after["source"])
+        want = f"**Figure {label}.{n}.** "
+        if after["cell_type"] != "markdown" or not text.startswith(want) or len(text) < 40:
+            problems.append(f"{nb.name}: figure {n} needs a caption starting {want!r}")
+    return problems
+
+
+def test_every_figure_has_a_number_and_a_caption():
+    problems = [p for nb in sorted((ROOT / "notebooks").glob("*.ipynb")) for p in captions_of(nb)]
+    assert not problems, problems
+
+
+def test_the_caption_check_finds_a_missing_caption(tmp_path):
+    chart = {"cell_type": "code", "source": ["c"], "outputs": [{"data": {"image/png": "x"}}]}
+    caption = {"cell_type": "markdown", "source": ["**Figure 5b.1.** " + "a caption " * 4]}
+    nb = tmp_path / "05b_x.ipynb"
+    nb.write_text(json.dumps({"cells": [chart, caption, chart]}))
+    assert captions_of(nb) == ["05b_x.ipynb: figure 2 needs a caption starting '**Figure 5b.2.** '"]
+
+
+def sections(notebook: dict) -> list[str]:
+    return [
+        line
+        for cell in notebook["cells"]
+        if cell["cell_type"] == "markdown"
+        for line in "".join(cell["source"]).splitlines()
+        if line.startswith("## ")
+    ]
+
+
+def test_every_reading_chapter_ends_with_a_summary_and_the_papers_path_with_exercises():
+    """A summary in every reading chapter; on the paper's path, two or three exercises after it,
+    each with a worked solution: a code cell shown as a dropdown (`hide-cell`), starting
+    `# Solution to exercise N`, whose assertion nbval runs."""
+    problems = []
+    for nb in chapters("reading"):
+        notebook = json.loads(nb.read_text(encoding="utf-8"))
+        heads = sections(notebook)
+        if "## Summary" not in heads:
+            problems.append(f"{nb.name}: no '## Summary'")
+        if nb not in paper_path():
+            continue
+        if heads[-2:] != ["## Summary", "## Exercises"]:
+            problems.append(f"{nb.name}: must end with '## Summary' then '## Exercises'")
+            continue
+        exercises = next(
+            "".join(c["source"])
+            for c in notebook["cells"]
+            if "".join(c["source"]).startswith("## Exercises")
+        )
+        asked = re.findall(r"^(\d)\. ", exercises, re.M)
+        solutions = [
+            c
+            for c in notebook["cells"]
+            if c["cell_type"] == "code"
+            and "".join(c["source"]).startswith("# Solution to exercise")
+        ]
+        answered = [
+            re.match(r"# Solution to exercise (\d)", "".join(c["source"]))[1] for c in solutions
+        ]
+        if not 2 <= len(asked) <= 3 or answered != asked:
+            problems.append(f"{nb.name}: exercises {asked}, solutions {answered}")
+        for c in solutions:
+            if "hide-cell" not in c["metadata"].get("tags", []) or "assert" not in "".join(
+                c["source"]
+            ):
+                problems.append(f"{nb.name}: a solution must be tagged hide-cell and assert")
+    assert not problems, problems
 
 
 # What no reading chapter may export: the mechanisms of file locks, atomic writes and fsyncs,
@@ -206,34 +363,30 @@ def test_no_history_in_the_prose():
     ]
 
 
-GLUED_IN_PROSE = re.compile(r"\{glue:(?:text|md)\}`([A-Za-z0-9_.-]+?)(?::|`)")
-
-
-def glued_names(cells) -> tuple[set, set]:
-    """(names the prose cites with {glue:text}, names the stored outputs hold from glue())."""
-    cited, held = set(), set()
-    for cell in cells:
-        if cell["cell_type"] == "markdown":
-            cited |= set(GLUED_IN_PROSE.findall("".join(cell["source"])))
-        for output in cell.get("outputs", []):
-            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
-            held |= {name} if name else set()
-    return cited, held
-
-
-def test_every_glued_figure_in_the_prose_comes_from_the_chapters_outputs():
-    """A figure the prose cites with {glue:text} must be one the chapter's own stored outputs
-    give (myst-nb renders a missing one as a warning and an empty gap); and the chapters that
-    quote measured figures glue them rather than type them."""
-    missing, citing = [], set()
+def test_every_figure_in_prose_is_a_filled_glue_span():
+    """Prose cites a computed figure as a span that tools/glue_prose.py fills from the chapter's
+    own glued outputs, so that JupyterLab and Colab show the number, not markup: no myst-nb
+    glue role is left, every span names an output the chapter holds, and every stored notebook
+    shows the figures of its stored outputs. The chapters that quote measured figures glue them."""
+    stale, roles, citing = [], [], set()
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        cited, held = glued_names(json.loads(path.read_text(encoding="utf-8"))["cells"])
-        missing += [f"{path.name}: {name}" for name in sorted(cited - held)]
-        citing |= {path.name[:3]} if cited else set()
-    assert not missing, missing
-    assert {"05_", "06b", "08_", "09_", "09b", "10_", "11_", "12_"} <= citing, citing
-    example = {"cell_type": "markdown", "source": ["{glue:text}`gap:.1%` and {glue:text}`n`"]}
-    assert glued_names([example]) == ({"gap", "n"}, set())
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+        prose = "".join(
+            "".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown"
+        )
+        roles += [f"{path.name}: {m.group(0)}" for m in glue_prose.ROLE.finditer(prose)]
+        citing |= {path.name[:3]} if glue_prose.SPAN.search(prose) else set()
+        before = json.dumps(notebook)
+        try:
+            glue_prose.fill(notebook, path.name)
+        except glue_prose.GlueError as e:
+            stale.append(str(e))
+            continue
+        if json.dumps(notebook) != before:
+            stale.append(f"{path.name}: run `python tools/glue_prose.py {path.relative_to(ROOT)}`")
+    assert not roles, roles
+    assert not stale, stale
+    assert {"05_", "06b", "09_", "09b", "10_", "11_", "12_"} <= citing, citing
 
 
 def test_the_publishing_workflow_builds_the_book_and_deploys_it():

@@ -219,9 +219,37 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.check:
         return check(ROOT)
-    mods = export_tree(ROOT)
+    mods = export_in_place(ROOT)
     print(f"exported {len(mods)} modules: {', '.join(mods)}")
     return 0
+
+
+def export_in_place(root: Path) -> list[str]:
+    """Export into a scratch copy, then replace only the files that changed, each by a rename:
+    `annotated/` stays importable throughout, so a notebook or test running beside an export
+    never finds the package half-written."""
+    with tempfile.TemporaryDirectory(
+        dir=root / "_build" if (root / "_build").is_dir() else None
+    ) as tmp:
+        scratch = Path(tmp)
+        shutil.copytree(root / "notebooks", scratch / "notebooks",
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "_build"))  # fmt: skip
+        shutil.copy(root / "pyproject.toml", scratch / "pyproject.toml")
+        mods = export_tree(scratch)
+        want = {p.relative_to(scratch / PKG): p for p in (scratch / PKG).rglob("*.py")}
+        lib = root / PKG
+        for rel, src in want.items():
+            dest = lib / rel
+            if dest.exists() and dest.read_bytes() == src.read_bytes():
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp_file = dest.with_name(dest.name + ".tmp")
+            shutil.copyfile(src, tmp_file)
+            os.replace(tmp_file, dest)
+        for old in lib.rglob("*.py"):
+            if old.relative_to(lib) not in want:
+                old.unlink()
+    return mods
 
 
 if __name__ == "__main__":

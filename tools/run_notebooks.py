@@ -26,6 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import nbformat
+from glue_prose import fill
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +50,7 @@ def run(path: Path, out: Path | None = None, timeout: int = 1800, threads: int =
     elapsed = time.perf_counter() - start
     for cell in nb.cells:  # keep diffs quiet: no per-run metadata
         cell.metadata.pop("execution", None)
+    fill(nb, path.name)  # the prose's figures, from the outputs just made (tools/glue_prose.py)
     target = out or path
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".ipynb.tmp")
