@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .batching import BOS, EOS, PAD, Batch, BucketSampler, make_batch
+    from .beam import length_penalty
     from .bleu import lowercase_tokenized_bleu, sacrebleu_score, tokenized_bleu
     from .data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
-    from .decoding import beam_search, greedy_decode, length_penalty
+    from .decoding import beam_search, greedy_decode
     from .embeddings import Embeddings, Generator, LearnedPositionalEncoding, PositionalEncoding
     from .evaluation.averaging import average_checkpoints
     from .evaluation.translation import load_model, translate
@@ -71,7 +72,7 @@ _MODULE_OF = {
     "make_fast": "fast",
     "greedy_decode": "decoding",
     "beam_search": "decoding",
-    "length_penalty": "decoding",
+    "length_penalty": "beam",
     "average_checkpoints": "evaluation.averaging",
     "sacrebleu_score": "bleu",
     "tokenized_bleu": "bleu",

@@ -5,9 +5,6 @@ __all__ = [
     "kv_caches",
     "StepDecoder",
     "greedy_decode",
-    "length_penalty",
-    "Hypothesis",
-    "beam_search_core",
     "beam_search_hypotheses",
     "beam_search",
     "sequence_log_prob",
@@ -128,123 +125,8 @@ def greedy_decode(
     return ys
 
 
-# %% ../notebooks/07a_beam_search.ipynb #c003
-import math
-from dataclasses import dataclass
-
-
-# %% ../notebooks/07a_beam_search.ipynb #c008
-def length_penalty(length: torch.Tensor, alpha: float) -> torch.Tensor:
-    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^alpha, |Y| counting </s> (Wu et al. 2016)."""
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-# %% ../notebooks/07a_beam_search.ipynb #c013
-@dataclass
-class Hypothesis:
-    """One finished (or length-limited) output of beam search."""
-
-    tokens: list[int]  # generated ids, without the start symbol and without the end symbol
-    log_prob: float  # log P(Y | X), the end symbol's probability included
-    score: float  # log_prob / lp(|Y|): what beam search maximises
-    finished: bool  # True if it ended with the end symbol, False if the length limit cut it off
-
-
-def beam_search_core(
-    decoder,
-    batch_size: int,
-    limits: torch.Tensor,
-    start_symbol: int,
-    end_symbol: int,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    *,
-    on_step=None,
-) -> list[list[Hypothesis]]:
-    """Beam search over any `decoder` with .step(ys) -> (rows, vocab) log-probs and .reorder(rows).
-
-    Rows are sentence-major: row b * beam_size + k is hypothesis k of sentence b.
-    limits: (batch,) the most tokens each sentence may generate, end symbol included.
-    A sentence whose hypotheses have all finished leaves the batch: its rows are dropped.
-    on_step(ys, log_prob, length, finished), if given, sees the live sentences after every step.
-    Returns, for each sentence, its final beam as Hypothesis objects, best first.
-    """
-    B, K = batch_size, beam_size
-    device = limits.device
-    ys = torch.full((B * K, 1), start_symbol, dtype=torch.long, device=device)  # (B*K, 1): just <s>
-    log_prob = torch.zeros(B, K, device=device)  # (B, K)
-    log_prob[:, 1:] = -math.inf  # K copies of <s>: keep one, the others are dead
-    length = torch.zeros(B, K, dtype=torch.long, device=device)  # (B, K) tokens generated
-    finished = torch.zeros(B, K, dtype=torch.bool, device=device)  # (B, K)
-    finished[:, 1:] = True
-    finished |= (limits <= 0)[:, None]  # nothing may be generated
-    live = torch.arange(B, device=device)  # (b,) the sentence of each live row group
-    beams: list[list[Hypothesis]] = [[] for _ in range(B)]
-    while live.numel() > 0:
-        done = finished.all(dim=1)  # (b,) sentences whose search is over
-        if bool(done.any()):  # they leave the batch, and the decoder drops their rows
-            ended = _final_beams(ys.view(-1, K, ys.size(1))[done], log_prob[done], length[done],
-                                 end_symbol, alpha)  # fmt: skip
-            for sentence, beam in zip(live[done].tolist(), ended):
-                beams[sentence] = beam
-            kept = (~done).nonzero().squeeze(1)  # (b',) the live sentences that stay
-            live, limits = live[kept], limits[kept]
-            log_prob, length, finished = log_prob[kept], length[kept], finished[kept]
-            rows = (kept[:, None] * K + torch.arange(K, device=device)).view(-1)  # (b' * K,)
-            ys = ys.index_select(0, rows)
-            if live.numel() > 0:
-                decoder.reorder(rows)
-            continue
-        b = live.numel()
-        parent, token, log_prob, length, finished = _extend(
-            decoder.step(ys).view(b, K, -1), log_prob, length, finished, limits, end_symbol, alpha
-        )
-        first_row = (torch.arange(b, device=device) * K)[:, None]  # (b, 1) row of hypothesis 0
-        rows = (first_row + parent).view(-1)  # (b*K,) old row of each new row
-        ys = torch.cat([ys.index_select(0, rows), token.view(-1, 1)], dim=1)  # (b*K, t + 1)
-        decoder.reorder(rows)
-        if on_step is not None:
-            on_step(ys.view(b, K, -1), log_prob, length, finished)
-    return beams
-
-
-def _extend(step_lp, log_prob, length, finished, limits, end_symbol: int, alpha: float):
-    """One step for b sentences: step_lp (b, K, V) next-token log-probs; the others (b, K) and
-    limits (b,). -> parent and token of the K best candidates, their log P, length, finished."""
-    b, K, V = step_lp.shape
-    # a hypothesis's candidates rank by log p alone: only its K best can be among the K best
-    top_lp, top_token = step_lp.topk(min(K, V), dim=-1)  # (b, K, K') each, best first
-    alone = torch.full_like(top_lp[0, 0], -math.inf)  # a finished hypothesis's one candidate:
-    alone[0] = 0.0  # itself, written as </s> at no cost
-    top_lp = torch.where(finished[..., None], alone, top_lp)
-    top_token = top_token.masked_fill(finished[..., None], end_symbol)
-    cand_lp = log_prob.to(step_lp.dtype)[..., None] + top_lp  # (b, K, K')
-    cand_len = (length + (~finished).long())[..., None]  # (b, K, 1)
-    cand_score = cand_lp / length_penalty(cand_len.to(cand_lp.dtype), alpha)  # (b, K, K')
-    best = cand_score.view(b, -1).topk(K, dim=1).indices  # (b, K) flat candidate ids
-    parent, token = best // top_lp.size(-1), top_token.view(b, -1).gather(1, best)  # (b, K) each
-    log_prob = cand_lp.view(b, -1).gather(1, best)
-    length = length.gather(1, parent) + (~finished.gather(1, parent)).long()
-    finished = finished.gather(1, parent) | (token == end_symbol) | (length >= limits[:, None])
-    finished |= log_prob == -math.inf  # impossible: treat as dead
-    return parent, token, log_prob, length, finished
-
-
-def _final_beams(ys, log_prob, length, end_symbol: int, alpha: float) -> list[list[Hypothesis]]:
-    """Each sentence's live hypotheses, best score first: ys (B, K, t), the others (B, K)."""
-    score = log_prob / length_penalty(length.to(log_prob.dtype), alpha)  # (B, K)
-    beams = []
-    for b in range(ys.size(0)):
-        beam = []
-        for k in score[b].argsort(descending=True, stable=True).tolist():
-            if log_prob[b, k] == -math.inf:
-                continue  # a dead hypothesis
-            tokens = ys[b, k, 1 : 1 + int(length[b, k])].tolist()
-            ended = len(tokens) > 0 and tokens[-1] == end_symbol
-            kept = tokens[:-1] if ended else tokens
-            beam.append(Hypothesis(kept, float(log_prob[b, k]), float(score[b, k]), ended))
-        beams.append(beam)
-    return beams
+# %% ../notebooks/07a_beam_search.ipynb #c022b
+from .beam import Hypothesis, beam_search_core
 
 
 # %% ../notebooks/07a_beam_search.ipynb #c023

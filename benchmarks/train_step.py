@@ -9,7 +9,7 @@ in one run on the same batches; then time cached against uncached beam search.
 Training paths, each a whole step (forward, loss, backward, Adam):
 1. reference: the book's annotated code (explicit masked softmax, separate Q/K/V projections,
    KL-divergence label smoothing over the full vocabulary, nn.Dropout);
-2. + fused attention: MultiHeadedAttention(fast=True) (scaled_dot_product_attention, stacked
+2. + fused attention: MultiHeadedAttention.fast = True (scaled_dot_product_attention, stacked
    projections);
 3. + fused loss: FusedLabelSmoothing (padding rows skip the output projection; loss and gradient
    in one step);
@@ -85,7 +85,8 @@ from machine import describe_cpu, file_name, load
 
 from annotated import make_model, subsequent_mask
 from annotated.batching import BOS, EOS, PAD, Batch, make_batch
-from annotated.decoding import beam_search, beam_search_core
+from annotated.beam import beam_search_core
+from annotated.decoding import beam_search
 from annotated.embeddings import Embeddings, PositionalEncoding
 from annotated.experiments.throughput import matmul_rate, model_flops
 from annotated.fast import fused_attention, make_fast

@@ -19,13 +19,13 @@ from annotated import (
     sacrebleu_score,
     tokenized_bleu,
 )
+from annotated.beam import length_penalty
 from annotated.bleu import PaperTokenizer, split_compounds
 from annotated.data.download import read_lines
 from annotated.decoding import (
     StepDecoder,
     beam_search,
     beam_search_hypotheses,
-    length_penalty,
     sequence_log_prob,
 )
 from annotated.fast import make_fast
@@ -163,7 +163,7 @@ def plain_beam_search(decoder, K, limit, alpha):
 def test_length_penalty_ranks_candidates_during_the_search(alpha):
     """Applying lp only to the final beam is a different search, which prunes hypotheses the
     paper's search keeps; compare with the search written out, on 40 random tables."""
-    from annotated.decoding import beam_search_core
+    from annotated.beam import beam_search_core
 
     for seed in range(40):
         decoder = TableDecoder(6, seed)
@@ -547,7 +547,7 @@ class OnlyEndAfterFirst(TableDecoder):
 def test_impossible_hypotheses_are_dropped_and_the_search_stops():
     """With fewer possible continuations than beams, the impossible ones must count as finished:
     the search ends when the possible ones do, and never returns an impossible output."""
-    from annotated.decoding import beam_search_core
+    from annotated.beam import beam_search_core
 
     steps = []
     beams = beam_search_core(
@@ -614,7 +614,7 @@ def full_vocabulary_extend(step_lp, log_prob, length, finished, limits, alpha):
 def test_keeping_each_hypothesiss_k_best_tokens_first_picks_the_same_candidates(seed):
     """_extend scores only each hypothesis's K best tokens: the winners must be the same as when
     all K * V candidates are scored, with finished and dead hypotheses in the beam."""
-    from annotated.decoding import _extend
+    from annotated.beam import _extend
 
     g = torch.Generator().manual_seed(seed)
     b, K, V, alpha = 6, 4, 50, 0.6

@@ -227,9 +227,10 @@ def test_mypy_checks_the_task_protocol(tmp_path):
     )
 
 
-def test_readme_lists_every_module_where_it_is():
-    """README's "Where things are" names each module under its folder, and nothing else."""
-    text = (ROOT / "README.md").read_text()
+def test_the_contributors_guide_lists_every_module_where_it_is():
+    """CONTRIBUTING.md's "Where things are" names each module under its folder, and nothing
+    else."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
     block = text.split("## Where things are", 1)[1].split("\n## ", 1)[0]
     listed, folder = set(), ""
     for line in block.split("```text", 1)[1].split("```", 1)[0].splitlines()[1:]:

@@ -12,84 +12,26 @@ _MULTI30K = (
     "https://raw.githubusercontent.com/multi30k/dataset/"
     "a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/"
 )
+_FILES = """
+train.en.gz 568929 d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f
+train.de.gz 637044 726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6
+val.en.gz 21650 14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28
+val.de.gz 24681 f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a
+test_2016_flickr.en.gz 21077 611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9
+test_2016_flickr.de.gz 22890 9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8
+test_2017_flickr.en.gz 19138 76a444ee25172e72695cddb13ae4a3bda59430617be88e0bb46b60504f054074
+test_2017_flickr.de.gz 21471 a2c89666db00c495cd8513b9d708d5a3acc205d7de312ef2bf5fb7ebc1540aee
+test_2017_mscoco.en.gz 8844 aab300bfb4427697987e02cd0aacd44bfe8aa50456231b6474c08038bbed2b58
+test_2017_mscoco.de.gz 10230 799e4854c25d601cb6cb6be29eabe5667734c61ace2f495e03e429031a0bc338
+test_2018_flickr.en.gz 23514 ef4f4844037d4c5dea75c9a8ed5fd78905967a26f67c255e230cc9780032654d
+test_2018_flickr.de.gz 26461 ddd0130c7d97482dc5197a02141dae8dd79f20f03586c480d675c09a32daf608
+"""  # Multi30k task 1, English-German: file name, size in bytes, SHA-256
 
 MULTI30K_FILES: dict[str, RemoteFile] = {
-    f.path: f
-    for f in [
-        # Multi30k task 1, English-German (line i of .en translates line i of .de)
-        RemoteFile(
-            "multi30k/task1/raw/train.en.gz",
-            _MULTI30K + "train.en.gz",
-            568929,
-            "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/train.de.gz",
-            _MULTI30K + "train.de.gz",
-            637044,
-            "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/val.en.gz",
-            _MULTI30K + "val.en.gz",
-            21650,
-            "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/val.de.gz",
-            _MULTI30K + "val.de.gz",
-            24681,
-            "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/test_2016_flickr.en.gz",
-            _MULTI30K + "test_2016_flickr.en.gz",
-            21077,
-            "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/test_2016_flickr.de.gz",
-            _MULTI30K + "test_2016_flickr.de.gz",
-            22890,
-            "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/test_2017_flickr.en.gz",
-            _MULTI30K + "test_2017_flickr.en.gz",
-            19138,
-            "76a444ee25172e72695cddb13ae4a3bda59430617be88e0bb46b60504f054074",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/test_2017_flickr.de.gz",
-            _MULTI30K + "test_2017_flickr.de.gz",
-            21471,
-            "a2c89666db00c495cd8513b9d708d5a3acc205d7de312ef2bf5fb7ebc1540aee",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/test_2017_mscoco.en.gz",
-            _MULTI30K + "test_2017_mscoco.en.gz",
-            8844,
-            "aab300bfb4427697987e02cd0aacd44bfe8aa50456231b6474c08038bbed2b58",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/test_2017_mscoco.de.gz",
-            _MULTI30K + "test_2017_mscoco.de.gz",
-            10230,
-            "799e4854c25d601cb6cb6be29eabe5667734c61ace2f495e03e429031a0bc338",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/test_2018_flickr.en.gz",
-            _MULTI30K + "test_2018_flickr.en.gz",
-            23514,
-            "ef4f4844037d4c5dea75c9a8ed5fd78905967a26f67c255e230cc9780032654d",
-        ),
-        RemoteFile(
-            "multi30k/task1/raw/test_2018_flickr.de.gz",
-            _MULTI30K + "test_2018_flickr.de.gz",
-            26461,
-            "ddd0130c7d97482dc5197a02141dae8dd79f20f03586c480d675c09a32daf608",
-        ),
-    ]
+    f"multi30k/task1/raw/{name}": RemoteFile(
+        f"multi30k/task1/raw/{name}", _MULTI30K + name, int(size), sha256
+    )
+    for name, size, sha256 in (line.split() for line in _FILES.strip().splitlines())
 }
 
 # %% ../../notebooks/08_multi30k_data.ipynb #c011a

@@ -12,8 +12,7 @@ __all__ = [
 ]
 
 # %% ../../../notebooks/09_multi30k.ipynb #c002
-# Multi30k en->de as a trainer task: the shared BPE tokenizer (cached), the training split held
-# in memory and read as every corpus is (CorpusTask), and the `multi30k` configurations.
+# Multi30k en->de as a trainer task, and its configurations.
 import hashlib
 import json
 from dataclasses import dataclass, replace
@@ -77,9 +76,7 @@ class Multi30kTask(CorpusTask):
 
 # %% ../../../notebooks/09_multi30k.ipynb #c011a2
 def multi30k_config() -> TrainConfig:
-    """The full (GPU) profile: base-sized model, 3,000 updates of ~12k target tokens (about five
-    minutes on one H100). Pre-norm: in the same minutes the paper's post-norm model trains far
-    less well (`multi30k_postnorm_config`, chapter 9b)."""
+    """The GPU profile: the base model, pre-norm, dropout 0.3, 3,000 updates (chapter 9b)."""
     return TrainConfig(
         task="multi30k",
         data=Multi30kData(vocab=8000),
@@ -95,10 +92,7 @@ def multi30k_config() -> TrainConfig:
 
 
 def multi30k_small_config() -> TrainConfig:
-    """A model for two CPU cores (3 layers, d_model 128, 4 heads): the base of chapter 9d's
-    Table 3 rows and the starting point of the CPU profile. Deviates from the paper in size and
-    in using pre-norm (norm_first=True); at the CPU profile's size post-norm trains about as
-    well (chapter 9b)."""
+    """3 layers of width 128, pre-norm: the base of chapter 9d's rows and of the CPU profile."""
     full = multi30k_config()
     return replace(
         full,
@@ -113,8 +107,7 @@ def multi30k_small_config() -> TrainConfig:
 
 
 def multi30k_cpu_config() -> TrainConfig:
-    """The CPU profile: the small model with 2 layers, for as many steps as fit in five minutes
-    of training on 2 cores in bfloat16. Chosen by the sweep in results/multi30k-cpu-sweep."""
+    """The CPU profile: the small model with 2 layers, chosen by results/multi30k-cpu-sweep."""
     small = multi30k_small_config()
     return replace(
         small,
@@ -125,9 +118,7 @@ def multi30k_cpu_config() -> TrainConfig:
 
 
 def multi30k_postnorm_config() -> TrainConfig:
-    """The paper's post-norm base model on Multi30k, for eight minutes of one H100 (at most 6,000
-    steps). With the GPU profile's learning rate (a peak of 1.4e-3) post-norm collapsed; with half
-    of it (the paper's peak, 7e-4) it trains, and clipping gradients at norm 1 helped (9b)."""
+    """The paper's post-norm base model, half the GPU profile's peak rate, clipped at norm 1."""
     full = multi30k_config()
     return replace(
         full,
