@@ -190,20 +190,28 @@ def is_chart(cell: dict) -> bool:
     return False
 
 
+CAPTION = re.compile(r"\*\*Figure ([0-9A-Za-z]+)\.(\d+)\.\*\* \S")
+
+
 def captions_of(nb: Path) -> list[str]:
-    """The problems with a chapter's figures: each must be followed by a markdown cell that
-    starts `**Figure X.N.**`, numbered 1, 2, ... in the chapter."""
-    cells, label, problems, n = json.loads(nb.read_text(encoding="utf-8"))["cells"], "", [], 0
-    label = chapter_label(nb)
+    """The problems with a chapter's figures: every chart must be followed by a markdown cell
+    that starts `**Figure X.N.** ` and a caption; the captions (a figure may also be a widget
+    or an image the detector does not see) are numbered X.1, X.2, ... in the chapter."""
+    cells, problems = json.loads(nb.read_text(encoding="utf-8"))["cells"], []
+    label, numbers = chapter_label(nb), []
     for i, cell in enumerate(cells):
-        if cell["cell_type"] != "code" or not is_chart(cell):
-            continue
-        n += 1
-        after = cells[i + 1] if i + 1 < len(cells) else {"cell_type": "code", "source": []}
-        text = "".join(after["source"])
-        want = f"**Figure {label}.{n}.** "
-        if after["cell_type"] != "markdown" or not text.startswith(want) or len(text) < 40:
-            problems.append(f"{nb.name}: figure {n} needs a caption starting {want!r}")
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and (m := CAPTION.match(text)):
+            numbers.append((m[1], int(m[2])))
+            if len(text) < 40:
+                problems.append(f"{nb.name}: figure {m[2]} has no caption to speak of")
+        if cell["cell_type"] == "code" and is_chart(cell):
+            after = cells[i + 1] if i + 1 < len(cells) else {"cell_type": "code", "source": []}
+            if after["cell_type"] != "markdown" or not CAPTION.match("".join(after["source"])):
+                problems.append(f"{nb.name}: the chart of cell {i} needs a caption after it")
+    want = [(label, n) for n in range(1, len(numbers) + 1)]
+    if numbers != want:
+        problems.append(f"{nb.name}: figures numbered {numbers}, expected {want}")
     return problems
 
 
@@ -217,7 +225,11 @@ def test_the_caption_check_finds_a_missing_caption(tmp_path):
     caption = {"cell_type": "markdown", "source": ["**Figure 5b.1.** " + "a caption " * 4]}
     nb = tmp_path / "05b_x.ipynb"
     nb.write_text(json.dumps({"cells": [chart, caption, chart]}))
-    assert captions_of(nb) == ["05b_x.ipynb: figure 2 needs a caption starting '**Figure 5b.2.** '"]
+    assert captions_of(nb) == ["05b_x.ipynb: the chart of cell 2 needs a caption after it"]
+    nb.write_text(json.dumps({"cells": [chart, caption, chart, caption]}))
+    assert captions_of(nb) == [
+        "05b_x.ipynb: figures numbered [('5b', 1), ('5b', 1)], expected [('5b', 1), ('5b', 2)]"
+    ]
 
 
 def sections(notebook: dict) -> list[str]:
