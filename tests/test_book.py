@@ -131,13 +131,15 @@ LIMITS = {"chapter_minutes": 12, "chapter_lines": 250, "path_minutes": 90}
 
 
 def reading_minutes_and_lines(notebook: dict) -> tuple[float, int]:
-    """Minutes of prose (words of the markdown cells, fenced code left out, at 230 a minute) and
-    exported lines (non-blank lines of `#| export` cells, the directives left out)."""
+    """Minutes of prose (words of the markdown cells as rendered: fenced code and HTML tags
+    left out, at 230 a minute) and exported lines (non-blank lines of `#| export` cells, the
+    directives left out)."""
     words = lines = 0
     for cell in notebook["cells"]:
         text = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
-            words += len(re.sub(r"```.*?```", "", text, flags=re.S).split())
+            prose = re.sub(r"```.*?```", "", text, flags=re.S)
+            words += len(re.sub(r"<[^>]+>", "", prose).split())  # as rendered: no HTML tags
         elif cell["cell_type"] == "code" and re.search(r"^#\|\s*export", text, re.M):
             lines += sum(1 for s in text.splitlines() if s.strip() and not s.startswith("#|"))
     return words / WORDS_PER_MINUTE, lines
@@ -146,7 +148,7 @@ def reading_minutes_and_lines(notebook: dict) -> tuple[float, int]:
 def test_reading_time_is_measured_as_documented():
     notebook = {
         "cells": [
-            {"cell_type": "markdown", "source": ["Two words\n", "```python\nx = 1\n```"]},
+            {"cell_type": "markdown", "source": ["Two <span a='1'>words</span>\n", "```\nx\n```"]},
             {"cell_type": "code", "source": ["#| export\n", "def f():\n", "\n", "    return 1"]},
             {"cell_type": "code", "source": ["y = 2  # not exported"]},
         ]
