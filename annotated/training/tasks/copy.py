@@ -31,7 +31,7 @@ def copy_batch(
     return Batch(src, tgt, PAD)
 
 
-# %% ../../../notebooks/06c_trainer.ipynb #c002f
+# %% ../../../notebooks/06d_tasks_and_registry.ipynb #c002f
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,7 +40,7 @@ from ...model import ModelConfig
 from ..config import OptimConfig, TaskData, TrainConfig, task_data
 
 
-# %% ../../../notebooks/06c_trainer.ipynb #c009
+# %% ../../../notebooks/06d_tasks_and_registry.ipynb #c009
 class IdTokenizer:
     """The copy task's "tokenizer": token ids written as space-separated integers."""
 
@@ -66,7 +66,7 @@ class IdTokenizer:
         return " ".join(map(str, ids))
 
 
-# %% ../../../notebooks/06c_trainer.ipynb #c009b
+# %% ../../../notebooks/06d_tasks_and_registry.ipynb #c009b
 @dataclass
 class CopyData(TaskData):
     """The copy task's data: random sequences of the symbols 3 .. vocab - 1."""
@@ -110,7 +110,7 @@ class CopyTask:
         return copy_batch(self.data.vocab, self.data.batch_sentences, generator=g)
 
 
-# %% ../../../notebooks/06c_trainer.ipynb #c009c
+# %% ../../../notebooks/06d_tasks_and_registry.ipynb #c009c
 def copy_config() -> TrainConfig:
     """Chapter 6's copy task: 800 steps of a 2-layer model, under a minute on a laptop CPU."""
     return TrainConfig(
