@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..training.checkpoints import unreadable  # why a file cannot be read (chapter 6c)
+from ..training.checkpoints import unreadable  # why a file cannot be read (chapter 6e)
 
 
 def _state_dict_of(checkpoint, path) -> dict:

@@ -5,7 +5,7 @@ __all__ = ["VARIATIONS", "GRIDS", "dev_scores", "run_variation", "sweep"]
 
 # %% ../../notebooks/09d_ablations.ipynb #c002
 # Table 3 at Multi30k scale (chapter 9d): the paper's variations as named overrides of one
-# configuration, each trained by the trainer of chapter 6c and scored on the development set.
+# configuration, each trained by the trainer of chapters 6c to 6h and scored on the development set.
 import contextlib
 import io
 import json
