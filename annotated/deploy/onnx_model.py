@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from ..batching import BOS, EOS, PAD, make_batch
-from ..decoding import beam_search_core
+from ..beam import beam_search_core
+from ..decoding import kv_caches
 from ..fast import fused_attention
 from ..files import atomic_path
 from ..multihead import KVCache
@@ -62,7 +63,8 @@ class DecoderStepGraph(nn.Module):
             mine = KVCache(grow=True)
             mine.k, mine.v = k, v  # (rows, h, t, d_k): grows by one position in the call
             cache.append((mine, KVCache(grow=False)))
-        out = self.model.decoder(x, memory, (src != PAD)[:, None, :], None, cache=cache)
+        with kv_caches(self.model, cache):  # chapter 7: the attentions read and extend `cache`
+            out = self.model.decoder(x, memory, (src != PAD)[:, None, :], None)
         grown = [kv for mine, _ in cache for kv in (mine.k, mine.v)]
         looked = [layer.src_attn.attn[:, :, -1] for layer in self.model.decoder.layers]
         return (self.model.generator(out[:, -1]), *grown, torch.stack(looked, dim=1))
