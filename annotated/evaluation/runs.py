@@ -5,7 +5,7 @@ __all__ = ["evaluate_run", "read_run", "write_results", "bleu_per_checkpoint"]
 
 # %% ../../notebooks/09b_multi30k_results.ipynb #c002
 # Evaluating a training run (chapter 9b): average the last checkpoints, translate the task's test
-# sets with beam search, score them with every BLEU of chapter 7, and write the results with their
+# sets with beam search, score them with every BLEU of chapter 7b, and write the results with their
 # provenance.  python -m annotated.cli.evaluate --run DIR [--results DIR]
 import json
 import shutil

@@ -69,8 +69,8 @@ def multi30k_run(profile: str, runs=Path("../runs/book")) -> Path:
 
 # %% ../../notebooks/A9_how_these_numbers_were_made.ipynb #c013
 def glue(name: str, value) -> None:
-    """Give `value` to the chapter's prose as {glue:text}`name` when the book is built (myst-nb);
-    without myst-nb it does nothing."""
+    """Store `value` as the cell output `name`, which the prose's glue spans show (filled by
+    tools/glue_prose.py); without myst-nb it does nothing."""
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
