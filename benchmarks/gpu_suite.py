@@ -11,7 +11,8 @@ Parts, each run in its own process so that one failure does not hide the others:
   decoding (cached and uncached), reported in sentences per second;
 - wmt14-base, wmt14-big: the fast path of each configuration on batches whose lengths follow real
   WMT sentences: the configured step (25,000 target tokens in the trainer's micro-batches of at
-  most 8,192 padded tokens, gradients accumulated), with and without torch.compile and profiled;
+  most the configuration's max_tokens padded tokens, gradients accumulated across them), with
+  and without torch.compile and profiled;
   the same tokens as one micro-batch; 3,125 tokens (one of eight GPUs sharing 25,000); and the
   projected hours to 100k and 300k steps. A projection: it multiplies measured step times and
   leaves out all-reduce time, data loading and checkpoints.

@@ -82,7 +82,7 @@ TASKS: dict[str, type[Task]] = {
 CONFIGS: dict[str, Callable[[], TrainConfig]] = {
     "copy": copy_config,  # chapter 6's experiment
     "multi30k": multi30k_config,  # chapter 9, GPU profile: 6 layers, pre-norm
-    "multi30k-small": multi30k_small_config,  # chapter 9: 3 layers, d_model 256
+    "multi30k-small": multi30k_small_config,  # chapter 9: 3 layers, d_model 128
     "multi30k-cpu": multi30k_cpu_config,  # chapter 9, CPU profile: 2 layers, d_model 128
     "multi30k-postnorm": multi30k_postnorm_config,  # chapter 9b: the paper's post-norm model
     "wmt14-base": wmt14_base_config,  # chapter 11: the paper's base model
