@@ -50,6 +50,9 @@ def run(path: Path, out: Path | None = None, timeout: int = 1800, threads: int =
     elapsed = time.perf_counter() - start
     for cell in nb.cells:  # keep diffs quiet: no per-run metadata
         cell.metadata.pop("execution", None)
+        if cell.cell_type == "code" and "remove-stderr" in cell.metadata.get("tags", []):
+            # what the book hides (a profiler's timestamped log) is not stored either
+            cell.outputs = [o for o in cell.outputs if o.get("name") != "stderr"]
     fill(nb, path.name)  # the prose's figures, from the outputs just made (tools/glue_prose.py)
     target = out or path
     target.parent.mkdir(parents=True, exist_ok=True)
