@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,8 +174,10 @@ def _format(lib: Path) -> None:
     subprocess.run([*ruff, "format", "--quiet", str(lib)], check=True, cwd=lib.parent)
 
 
-def check(root: Path) -> int:
-    """Export into a scratch copy of the repository and compare with `annotated/`."""
+@contextmanager
+def exported_copy(root: Path):
+    """Export `root`'s notebooks into a scratch copy of the repository; yields (the modules, the
+    scratch package folder). Neither the check nor an export writes `annotated/` half-way."""
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         shutil.copytree(
@@ -183,10 +186,13 @@ def check(root: Path) -> int:
             ignore=shutil.ignore_patterns(".ipynb_checkpoints", "_build"),
         )
         shutil.copy(root / "pyproject.toml", scratch / "pyproject.toml")
-        export_tree(scratch)
-        want = {
-            str(p.relative_to(scratch / PKG)): p.read_text() for p in (scratch / PKG).rglob("*.py")
-        }
+        yield export_tree(scratch), scratch / PKG
+
+
+def check(root: Path) -> int:
+    """Export into a scratch copy of the repository and compare with `annotated/`."""
+    with exported_copy(root) as (_, scratch_lib):
+        want = {str(p.relative_to(scratch_lib)): p.read_text() for p in scratch_lib.rglob("*.py")}
         have = {str(p.relative_to(root / PKG)): p.read_text() for p in (root / PKG).rglob("*.py")}
     problems = []
     for name in sorted(set(want) | set(have)):
@@ -229,16 +235,9 @@ def export_in_place(root: Path) -> list[str]:
     """Export into a scratch copy, then replace only the files that changed, each by a rename:
     `annotated/` stays importable throughout, so a notebook or test running beside an export
     never finds the package half-written."""
-    with tempfile.TemporaryDirectory(
-        dir=root / "_build" if (root / "_build").is_dir() else None
-    ) as tmp:
-        scratch = Path(tmp)
-        shutil.copytree(root / "notebooks", scratch / "notebooks",
-                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "_build"))  # fmt: skip
-        shutil.copy(root / "pyproject.toml", scratch / "pyproject.toml")
-        mods = export_tree(scratch)
-        want = {p.relative_to(scratch / PKG): p for p in (scratch / PKG).rglob("*.py")}
-        lib = root / PKG
+    lib = root / PKG
+    with exported_copy(root) as (mods, scratch_lib):
+        want = {p.relative_to(scratch_lib): p for p in scratch_lib.rglob("*.py")}
         for rel, src in want.items():
             dest = lib / rel
             if dest.exists() and dest.read_bytes() == src.read_bytes():
@@ -247,9 +246,9 @@ def export_in_place(root: Path) -> list[str]:
             tmp_file = dest.with_name(dest.name + ".tmp")
             shutil.copyfile(src, tmp_file)
             os.replace(tmp_file, dest)
-        for old in lib.rglob("*.py"):
-            if old.relative_to(lib) not in want:
-                old.unlink()
+    for old in lib.rglob("*.py"):
+        if old.relative_to(lib) not in want:
+            old.unlink()
     return mods
 
 
