@@ -8,6 +8,7 @@ __all__ = [
     "DataError",
     "ChecksumError",
     "Preempted",
+    "refuse_broken",
     "out_of_memory",
 ]
 
@@ -40,6 +41,14 @@ class Preempted(TrainingError):
     """A run asked to stop (SIGTERM, SIGUSR1) that saved its step first: resume it."""
 
     exit_code = 75  # EX_TEMPFAIL: try again later; a requeued job continues with --resume
+
+
+def refuse_broken(rules) -> None:
+    """Refuse the first rule that does not hold; a rule is (holds, key, why), key as in --set."""
+    for holds, key, why in rules:
+        if not holds:
+            first = key.split(",")[0]
+            raise ConfigError(f"{key}: {why}. Change it with --set {first}=VALUE.")
 
 
 def out_of_memory(e: BaseException) -> bool:

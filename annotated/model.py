@@ -27,8 +27,9 @@ from annotated.embeddings import (
     PositionalEncoding,
 )
 
+from .errors import refuse_broken
 from .layers import LAYER_NORM_EPS, DecoderLayer, EncoderLayer, PositionwiseFeedForward
-from .multihead import MultiHeadedAttention, clones
+from .multihead import MultiHeadedAttention, check_heads, clones
 
 
 # %% ../notebooks/05_full_model.ipynb #c005
@@ -116,6 +117,34 @@ class ModelConfig:
     learned_positions: bool = False  # False: sinusoid (paper 3.5); True: learned (Table 3 row E)
     max_len: int = 5000  # longest sequence the positional table covers
 
+    def __post_init__(self) -> None:  # values that cannot build a model are refused at once
+        refuse_broken(
+            [
+                (
+                    min(self.N, self.d_model, self.d_ff) >= 1,
+                    "model.N, model.d_model, model.d_ff",
+                    "each must be at least 1",
+                ),
+                (self.d_k >= 0, "model.d_k", "must be 0 (d_model / h) or a positive size"),
+                (
+                    all(0 <= p < 1 for p in (self.dropout, self.attn_dropout, self.ffn_dropout)),
+                    "model.dropout, model.attn_dropout, model.ffn_dropout",
+                    "dropout rates must lie in [0, 1)",
+                ),
+                (
+                    self.max_len >= 3,
+                    "model.max_len",
+                    "must be at least 3: a start, one token and an end",
+                ),
+                (
+                    self.d_model % 2 == 0 or self.learned_positions,
+                    "model.d_model",
+                    "the sinusoidal positional encoding needs an even d_model",
+                ),
+            ]
+        )
+        check_heads(self.h, self.d_model)
+
 
 TRANSFORMER_BASE = ModelConfig()
 TRANSFORMER_BIG = ModelConfig(d_model=1024, d_ff=4096, h=16, dropout=0.3)
@@ -131,24 +160,10 @@ def make_model(src_vocab: int, tgt_vocab: int, **options: Any) -> EncoderDecoder
             f"make_model: unknown option(s) {', '.join(sorted(set(options) - set(known)))}; "
             f"the options are ModelConfig's fields: {', '.join(known)}."
         )
-    cfg = ModelConfig(**options)
+    cfg = ModelConfig(**options)  # refuses values that cannot build a model
     N, d_model, d_ff, h, dropout = cfg.N, cfg.d_model, cfg.d_ff, cfg.h, cfg.dropout
     norm_first, learned_positions = cfg.norm_first, cfg.learned_positions
-    if d_model % h != 0:
-        raise ValueError(
-            f"make_model: d_model={d_model} must be divisible by h={h} so that each head gets "
-            f"d_k = d_model / h dimensions; e.g. d_model=512 with h=8 (d_k=64)."
-        )
-    if d_model % 2 != 0 and not learned_positions:
-        raise ValueError(
-            f"make_model: the sinusoidal positional encoding needs an even d_model, got {d_model}."
-        )
-    for name, size in [
-        ("src_vocab", src_vocab),
-        ("tgt_vocab", tgt_vocab),
-        ("N", N),
-        ("d_ff", d_ff),
-    ]:
+    for name, size in [("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)]:
         if size < 1:
             raise ValueError(f"make_model: {name} must be a positive integer, got {size}.")
     c = copy.deepcopy

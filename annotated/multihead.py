@@ -3,6 +3,7 @@
 # %% auto #0
 __all__ = [
     "clones",
+    "check_heads",
     "MultiHeadedAttention",
     "stacked_linear",
     "fused_kernel_pays",
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .errors import ConfigError
 from .scaled_dot_product import attention
 
 
@@ -29,17 +31,22 @@ def clones(module: nn.Module, n: int) -> nn.ModuleList:
     return nn.ModuleList([copy.deepcopy(module) for _ in range(n)])
 
 
+def check_heads(h: int, d_model: int) -> None:
+    """The h heads share d_model: each gets d_model / h dimensions, so h must divide it."""
+    if h < 1 or d_model % h != 0:
+        raise ConfigError(
+            f"model.h: d_model={d_model} is not divisible by h={h} heads; choose h among the "
+            f"divisors of d_model (the paper: d_model=512, h=8), e.g. with --set model.h=..."
+        )
+
+
 class MultiHeadedAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
 
     def __init__(self, h: int, d_model: int, dropout: float = 0.0, *, d_k: int = 0):
         super().__init__()
-        if d_model % h != 0:
-            raise ValueError(
-                f"MultiHeadedAttention: d_model={d_model} is not divisible by h={h} heads; "
-                f"choose h among the divisors of d_model (the paper uses d_model=512, h=8)."
-            )
+        check_heads(h, d_model)
         # d_v = d_model / h always; d_k too, unless given (paper Table 3, row B)
         self.h, self.d_v, self.d_k = h, d_model // h, d_k or d_model // h
         self.w_q = nn.Linear(d_model, h * self.d_k)  # the h matrices W_i^Q side by side

@@ -41,6 +41,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 from annotated.files import write_text_atomic
 from annotated.training.provenance import provenance
+from annotated.training.registry import table_settings
 
 PARTS = ("tests", "base", "big", "wmt14-base", "wmt14-big")
 TESTS = [
@@ -51,8 +52,6 @@ TESTS = [
     "tests/test_training.py",
 ]
 STEPS = (100_000, 300_000)
-# optim.max_tokens of the trainer's wmt14-base and wmt14-big (tests/test_benchmarks.py checks it)
-CONFIGURED_MAX_TOKENS = {"wmt14-base": 32768, "wmt14-big": 16384}
 FAST, COMPILED = "fast path (+ fused Adam)", "fast path + torch.compile"
 ONLY_FAST = ("--only-fast", "--no-decode", "--no-data")
 
@@ -184,7 +183,7 @@ def main(argv=None) -> int:
             if preset not in parts:
                 continue
             runs = report["parts"][preset] = {}
-            limit = str(CONFIGURED_MAX_TOKENS[preset])  # the trainer's optim.max_tokens
+            limit = str(table_settings(preset)["batch.max_tokens"])  # the trainer's micro-batch
             configured = ("--max-tokens", limit, *ONLY_FAST, "--batches", "6")
             for name, extra, tokens in [  # the eager step first: compiling can outlast a limit
                 ("configured", ("--profile", *configured), 25000),

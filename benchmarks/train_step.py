@@ -4,7 +4,7 @@ in one run on the same batches; then time cached against uncached beam search.
     python benchmarks/train_step.py                              # Multi30k CPU sizes (chapter 9)
     python benchmarks/train_step.py --quick                      # seconds, for CI
     python benchmarks/train_step.py --preset base --tokens 25000 # the paper's base model (GPU)
-    python benchmarks/train_step.py --json results/benchmarks/cpu-multi30k-cpu.json
+    python benchmarks/train_step.py --json results/benchmarks/cpu-multi30k-small.json
 
 Training paths, each a whole step (forward, loss, backward, Adam):
 1. reference: the book's annotated code (explicit masked softmax, separate Q/K/V projections,
@@ -100,21 +100,31 @@ from annotated.precision import BF16_MARGIN, Precision, choose_precision, matmul
 from annotated.schedule import make_optimizer
 from annotated.training.prefetch import Prefetcher
 from annotated.training.provenance import provenance
+from annotated.training.registry import table_settings
 from annotated.training_step import loss_on_batch
 
 STEADY = 0.10  # two runs agree within 10% when each path's rounds spread less than this
 BUSY = 0.15  # share of the cores busy with other work above which the machine was not quiet
 
-PRESETS = {  # vocabulary, layers, sizes, post-norm (paper) or pre-norm, target tokens per batch
+
+def _preset(config: str, vocab: int, tokens: int, **more) -> dict:
+    """A benchmark of the registry's named configuration `config`: its model's sizes, read from
+    the table (torch alone suffices), with `vocab` and `tokens` target tokens per step."""
+    row = table_settings(config)
+    sizes = {key: row[f"model.{key}"] for key in ("N", "d_model", "d_ff", "h", "norm_first")}
+    return dict(vocab=vocab, **sizes, tokens=tokens, **more)
+
+
+PRESETS = {  # vocabulary, the model's sizes, post-norm (paper) or pre-norm, target tokens per step
     "quick": dict(vocab=500, N=1, d_model=64, d_ff=128, h=4, norm_first=False, tokens=400),
     # chapter 9's multi30k-small (the CPU profile's width, 3 layers); batches of about 1,740 tokens
-    "multi30k-cpu": dict(vocab=8000, N=3, d_model=128, d_ff=512, h=4, norm_first=True, tokens=1750),
-    "base": dict(vocab=37000, N=6, d_model=512, d_ff=2048, h=8, norm_first=False, tokens=25000),
-    "big": dict(vocab=37000, N=6, d_model=1024, d_ff=4096, h=16, norm_first=False, tokens=25000),
+    "multi30k-small": _preset("multi30k-small", 8000, 1750),
+    "base": _preset("wmt14-base", 37000, 25000),
+    "big": _preset("wmt14-big", 37000, 25000),
+    # WMT14 sizes on batches whose sentence lengths follow the WMT en-de sample (wmt_sample_batches)
+    "wmt14-base": _preset("wmt14-base", 37000, 25000, lengths="wmt"),
+    "wmt14-big": _preset("wmt14-big", 37000, 25000, lengths="wmt"),
 }
-# WMT14 sizes on batches whose sentence lengths follow the WMT en-de sample (see wmt_sample_batches)
-PRESETS["wmt14-base"] = dict(PRESETS["base"], lengths="wmt")
-PRESETS["wmt14-big"] = dict(PRESETS["big"], lengths="wmt")
 WMT_SAMPLE = "wmt_ende_toy_sample_opennmt"  # 10,000 Moses-tokenized pairs under $ANNOTATED_DATA
 
 
@@ -166,7 +176,7 @@ class TorchTransformer(nn.Module):
 def random_batches(n, vocab, tokens, seed=0):
     """n random batches shaped like Multi30k's under BucketSampler: sources of one length (the
     sampler sorts by source length) and targets padded by about 6% (measured on the first 200
-    batches of the multi30k-cpu task: 0.2% source and 6.0% target padding)."""
+    batches of the multi30k task: 0.2% source and 6.0% target padding)."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
@@ -195,7 +205,7 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None, max_tokens=None):
 
     from annotated.batching import BucketSampler
     from annotated.data.tokenizer import train_tokenizer
-    from annotated.training.config import OptimConfig, TrainConfig, micro_batches_per_process
+    from annotated.training.config import BatchConfig, TrainConfig, micro_batches_per_process
 
     folder = Path(folder or Path(os.environ.get("ANNOTATED_DATA", ".")) / WMT_SAMPLE)
     with (
@@ -208,7 +218,7 @@ def wmt_sample_batches(n, vocab, tokens, seed=0, folder=None, max_tokens=None):
         # a source ends with </s>; a target is framed by <s> ... </s>
         lengths = [(len(tok.encode(a)) + 1, len(tok.encode(b)) + 2) for a, b in pairs]
     steps_cfg = TrainConfig(
-        optim=OptimConfig(tokens_per_step=tokens, max_tokens=max_tokens or tokens, accum=0)
+        batch=BatchConfig(tokens_per_step=tokens, max_tokens=max_tokens or tokens, accum=0)
     )
     per_step = micro_batches_per_process(steps_cfg, 1) if max_tokens else 1
     sampler = BucketSampler(lengths, math.ceil(tokens / per_step), max_tokens or tokens, seed=seed)
@@ -686,7 +696,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="multi30k-cpu")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="multi30k-small")
     ap.add_argument(
         "--quick", action="store_true", help="same as --preset quick --rounds 2 (seconds)"
     )

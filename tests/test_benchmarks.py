@@ -291,15 +291,18 @@ def test_two_runs_agree_when_their_figures_are_within_ten_percent(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_the_gpu_suite_times_the_micro_batches_the_trainer_configures(monkeypatch):
-    """The suite's "configured" WMT14 step uses each configuration's own optim.max_tokens."""
-    from annotated.training.registry import build_config
+def test_the_benchmark_presets_measure_the_registrys_models(monkeypatch):
+    """A preset named for a configuration times that configuration's model, read from the table:
+    change a row of the registry and the benchmark follows."""
+    from annotated.training.registry import CONFIGS, build_config
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import gpu_suite
-
     import train_step
 
-    for name, max_tokens in gpu_suite.CONFIGURED_MAX_TOKENS.items():
-        assert build_config(name).optim.max_tokens == max_tokens, name
-    assert set(gpu_suite.CONFIGURED_MAX_TOKENS) == {p for p in train_step.PRESETS if "wmt" in p}
+    named = {"multi30k-small": "multi30k-small", "base": "wmt14-base", "big": "wmt14-big"}
+    named |= {p: p for p in train_step.PRESETS if p in CONFIGS}
+    assert set(named) == set(train_step.PRESETS) - {"quick"}
+    for preset, config in named.items():
+        m, p = build_config(config).model, train_step.PRESETS[preset]
+        assert (p["N"], p["d_model"], p["d_ff"], p["h"]) == (m.N, m.d_model, m.d_ff, m.h), preset
+        assert p["norm_first"] == m.norm_first, preset

@@ -28,6 +28,7 @@ from annotated.decoding import (
     beam_search_hypotheses,
     sequence_log_prob,
 )
+from annotated.errors import TrainingError
 from annotated.fast import make_fast
 
 PAD, BOS, EOS = 0, 1, 2
@@ -358,9 +359,11 @@ def test_average_refuses_checkpoints_of_different_runs(tmp_path):
     torch.save({**run, "tokenizer": "bpe11-bbbb"}, tmp_path / "tok.pt")
     torch.save({**run, "config": {"model": {**model, "norm_first": True}}}, tmp_path / "pre.pt")
     torch.save({**run, "step": 7}, tmp_path / "same.pt")
-    with pytest.raises(ValueError, match="tokenizer is bpe11-bbbb and bpe11-aaaa"):
+    with pytest.raises(TrainingError, match="a.pt: its tokenizer is bpe11-bbbb, not bpe11-aaaa"):
         average_checkpoints([tmp_path / "a.pt", tmp_path / "tok.pt"])
-    with pytest.raises(ValueError, match="different runs: their model is .*'norm_first': True"):
+    with pytest.raises(
+        TrainingError, match="another run than .*a.pt: its model.norm_first is True"
+    ):
         average_checkpoints([tmp_path / "a.pt", tmp_path / "pre.pt"])
     avg = average_checkpoints([tmp_path / "a.pt", tmp_path / "same.pt"])  # one run: fine
     torch.testing.assert_close(avg, weights)

@@ -160,7 +160,7 @@ def test_cli_turns_missing_data_and_ctrl_c_into_messages(copy_run, monkeypatch, 
         raise KeyboardInterrupt
 
     monkeypatch.setattr(evaluate, "evaluate_run", interrupted)
-    assert evaluate.main(["--run", str(copy_run)]) == 2
+    assert evaluate.main(["--run", str(copy_run)]) == 130
     assert "interrupted: nothing was written" in capsys.readouterr().err
 
 
@@ -197,3 +197,143 @@ def test_the_figure_has_four_panels_and_says_when_bleu_is_missing():
     assert [ax.get_ylabel() for ax in fig.axes][3] == "sacreBLEU"
     bare = run_figure(metrics).axes[3]
     assert not bare.lines and "evaluate the run" in bare.texts[0].get_text()
+
+
+# `score`: the one place where the book translates a test set and scores it (issue #48).
+SCORED = [  # the copy model copies; the references differ, so that each BLEU is its own number
+    ("3 4 5 6", "3 4 5 6"),
+    ("7 8 9 10", "7 8 10 9"),
+    ("10 11 12 3 4", "10 11 3 4"),
+    ("5 5 6", "5 6 6"),
+]
+
+
+def test_score_is_translate_then_every_bleu_of_the_book(copy_run, monkeypatch):
+    """`score` translates the sources with `translate` under the search settings it is given and
+    reports, for those translations against the references, exactly what annotated.bleu computes,
+    every BLEU with its signature, in the target language it is given."""
+    import inspect
+
+    from annotated.bleu import score_translations
+    from annotated.evaluation.translation import load_model, translate
+    from annotated.training.checkpoints import checkpoint_paths
+
+    model, tokenizer, _ = load_model(checkpoint_paths(copy_run)[-1:])
+    searched = []
+
+    def spy(*args, **kwargs):
+        bound = inspect.signature(translate).bind(*args, **kwargs)
+        bound.apply_defaults()
+        searched.append((bound.arguments["sentences"], bound.arguments["beam_size"],
+                         bound.arguments["alpha"]))  # fmt: skip
+        return translate(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "translate", spy)
+    scored = evaluation.score(model, tokenizer, SCORED, beam_size=2, alpha=1.5, lang="en")
+    hyps = scored.pop("translations")
+    assert searched == [([s for s, _ in SCORED], 2, 1.5)]
+    assert hyps == translate(model, tokenizer, [s for s, _ in SCORED], beam_size=2, alpha=1.5)
+    assert scored.pop("decode_seconds") >= 0
+    assert scored == score_translations(hyps, [r for _, r in SCORED], "en")
+    assert 0 < scored["sacrebleu"] < 100 and "moses-tok:en" in scored["tokenized_bleu_signature"]
+    assert list(scored) == [  # every BLEU the book defines, and nothing else
+        f"{b}{s}"
+        for b in ("sacrebleu", "tokenized_bleu", "compound_split_bleu", "tokenized_lowercased_bleu")
+        for s in ("", "_signature")
+    ]
+
+
+def marking_score(monkeypatch, module) -> list:
+    """Replace `module.score` by the real one whose results are marked: every number plus 1000,
+    every string and translation prefixed, so that a caller's report shows whether it came from
+    `score`. Returns the list of its calls: (pairs, search settings, result), as they come."""
+    import inspect
+
+    real, calls = evaluation.score, []
+
+    def marked(*args, **kwargs):
+        bound = inspect.signature(real).bind(*args, **kwargs)
+        bound.apply_defaults()
+        result = real(*args, **kwargs)
+        result = {
+            k: [f"marked {h}" for h in v] if k == "translations"
+            else f"marked {v}" if isinstance(v, str) else v + 1000
+            for k, v in result.items()
+        }  # fmt: skip
+        search = {k: bound.arguments[k] for k in ("beam_size", "alpha", "lang")}
+        calls.append((bound.arguments["pairs"], search, dict(result)))  # as it was returned
+        return result
+
+    monkeypatch.setattr(module, "score", marked)
+    return calls
+
+
+PAPER = {"beam_size": 4, "alpha": 0.6, "lang": "de"}  # what each scorer has always searched with
+
+
+@pytest.fixture
+def scored_test2016(monkeypatch):
+    """The copy task given SCORED as its test2016."""
+    tests = {"test2016": lambda: SCORED}
+    monkeypatch.setattr(CopyTask, "test_sets", staticmethod(lambda cfg: tests))
+
+
+def test_evaluate_run_and_bleu_per_checkpoint_report_what_score_returns(
+    copy_run, scored_test2016, monkeypatch
+):
+    calls = marking_score(monkeypatch, evaluation)
+    report = evaluation.evaluate_run(copy_run, last=2, limit=3)
+    [(pairs, search, result)] = calls
+    assert pairs == SCORED[:3] and search == PAPER
+    scores = {k: v for k, v in result.items() if k != "translations"}
+    assert report["tests"]["test2016"] == {"sentences": 3, "of": 4, **scores}
+    rows = report["translations"]["test2016"]
+    assert [r["hypothesis"] for r in rows] == result["translations"]
+    calls.clear()
+    per_checkpoint = evaluation.bleu_per_checkpoint(copy_run, limit=2)
+    assert len(calls) == len(per_checkpoint) == 4
+    assert list(per_checkpoint.values()) == [r["sacrebleu"] for _, _, r in calls]
+    assert all(p == SCORED[:2] and s == PAPER for p, s, _ in calls)
+
+
+def test_table3_dev_scores_reports_what_score_returns(copy_run, monkeypatch):
+    from annotated.experiments import table3
+
+    monkeypatch.setattr(table3, "load_multi30k", lambda split: SCORED)
+    calls = marking_score(monkeypatch, table3)
+    dev = table3.dev_scores(copy_run, sentences=3)
+    [(pairs, search, result)] = calls
+    assert pairs == SCORED[:3] and search == PAPER
+    assert dev["bleu"] == result["sacrebleu"] and dev["perplexity"] > 1
+
+
+def test_the_sweep_and_the_browser_model_report_what_score_returns(
+    copy_run, scored_test2016, monkeypatch
+):
+    from annotated.evaluation.translation import load_model
+    from annotated.training.checkpoints import checkpoint_paths
+
+    from helpers import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    import browser_model
+    import sweep_multi30k
+
+    calls = marking_score(monkeypatch, sweep_multi30k)
+    plain = sweep_multi30k.bleu_on_test2016(copy_run, last=2)
+    every = sweep_multi30k.bleu_on_test2016(copy_run, last=2, every_bleu=True)
+    (pairs, search, first), (_, _, second) = calls
+    assert pairs == SCORED and search == PAPER
+    assert plain == {k: first[k] for k in ("sacrebleu", "decode_seconds")} | {"sentences": 4}
+    assert every == {k: v for k, v in second.items() if k != "translations"} | {"sentences": 4}
+
+    calls = marking_score(monkeypatch, browser_model)
+    model, tokenizer, cfg = load_model(checkpoint_paths(copy_run))
+    reference = browser_model.reference(model, tokenizer, cfg)
+    assert [search for _, search, _ in calls] == [{**PAPER, "beam_size": k} for k in (1, 4)]
+    assert reference == {
+        "test_set": "test2016",
+        "sources": [s for s, _ in SCORED],
+        "beam 1": calls[0][2]["translations"],
+        "beam 4": calls[1][2]["translations"],
+    }

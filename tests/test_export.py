@@ -8,6 +8,7 @@ from pathlib import Path
 
 import export  # tools/export.py (tests/conftest.py puts tools/ on the path)
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE_LINES, FUNCTION_LINES = 330, 60
@@ -117,26 +118,33 @@ def test_modules_and_functions_stay_short():
     assert not long, long
 
 
-def test_public_api_of_the_annotated_transformer():
-    import annotated
+def test_the_annotated_transformers_names_are_the_parts_make_model_builds():
+    """A reader of harvardnlp's Annotated Transformer finds its names, and each is the class of
+    the part that make_model builds (not a name kept only for show)."""
+    import annotated as a
 
-    for name in [
-        "attention",
-        "subsequent_mask",
-        "MultiHeadedAttention",
-        "PositionwiseFeedForward",
-        "SublayerConnection",
-        "EncoderLayer",
-        "DecoderLayer",
-        "Encoder",
-        "Decoder",
-        "Embeddings",
-        "PositionalEncoding",
-        "Generator",
-        "EncoderDecoder",
-        "make_model",
-    ]:
-        assert name in annotated.__all__ and callable(getattr(annotated, name)), name
+    model = a.make_model(11, 11, N=2, d_model=16, d_ff=32, h=2)
+    layer, dec = model.encoder.layers[0], model.decoder.layers[0]
+    parts = [
+        (model, a.EncoderDecoder),
+        (model.encoder, a.Encoder),
+        (model.decoder, a.Decoder),
+        (layer, a.EncoderLayer),
+        (dec, a.DecoderLayer),
+        (layer.self_attn, a.MultiHeadedAttention),
+        (layer.feed_forward, a.PositionwiseFeedForward),
+        (layer.sublayer[0], a.SublayerConnection),
+        (model.src_embed[0], a.Embeddings),
+        (model.src_embed[1], a.PositionalEncoding),
+        (model.generator, a.Generator),
+    ]
+    for part, kind in parts:
+        assert type(part) is kind, (part, kind)
+    mask = a.subsequent_mask(3)
+    assert mask.tolist() == [[[True, False, False], [True, True, False], [True, True, True]]]
+    x = torch.randn(1, 3, 4)
+    out, weights = a.attention(x, x, x, mask=mask)
+    assert out.shape == (1, 3, 4) and torch.allclose(weights.sum(-1), torch.ones(1, 3))
 
 
 def test_reader_api_is_the_one_list_in_tools_export():
@@ -210,8 +218,8 @@ def test_mypy_checks_the_task_protocol(tmp_path):
         "    @staticmethod\n"
         "    def test_sets(cfg) -> dict:\n"
         "        return {}\n\n"
-        "    def __init__(self, cfg) -> None:\n"
-        "        self.src_vocab = self.tgt_vocab = self.per_step = 1\n\n"
+        "    def __init__(self, cfg, per_step: int) -> None:\n"
+        "        self.src_vocab = self.tgt_vocab = 1\n\n"
         "good: type[Task] = CopyTask\n"
         "bad: type[Task] = NoBatches\n"
     )

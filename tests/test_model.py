@@ -174,9 +174,9 @@ def test_config_dataclass_round_trips():
 @pytest.mark.parametrize(
     "kwargs,fragment",
     [
-        (dict(d_model=500, h=8), "d_model=500 must be divisible by h=8"),
+        (dict(d_model=500, h=8), "model.h: d_model=500 is not divisible by h=8"),
         (dict(d_model=30, h=2, learned_positions=False), None),
-        (dict(N=0), "N must be a positive integer"),
+        (dict(N=0), "model.N, model.d_model, model.d_ff: each must be at least 1"),
     ],
 )
 def test_bad_configurations(kwargs, fragment):

@@ -5,11 +5,12 @@ import torch
 from annotated.batching import BOS, EOS, PAD, make_batch
 from annotated.data.multi30k import load_multi30k
 from annotated.evaluation.translation import translate
-from annotated.training.tasks.multi30k import Multi30kTask, multi30k_cpu_config
+from annotated.training.registry import build_config
+from annotated.training.tasks.multi30k import Multi30kTask
 
 
 def test_sources_end_and_targets_are_framed():
-    cfg = multi30k_cpu_config()
+    cfg = build_config("multi30k-cpu")
     task = Multi30kTask(cfg)
     pairs = load_multi30k("train")
     first_src, first_tgt = pairs[0]
@@ -40,7 +41,7 @@ def test_translate_decodes_without_special_tokens(monkeypatch):
     import importlib
 
     translation = importlib.import_module("annotated.evaluation.translation")
-    task_tokenizer = Multi30kTask(multi30k_cpu_config()).tokenizer
+    task_tokenizer = Multi30kTask(build_config("multi30k-cpu")).tokenizer
 
     def fake_beam_search(model, src, src_mask, max_len, bos, eos, beam_size, alpha):
         return [

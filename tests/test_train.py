@@ -38,7 +38,7 @@ def test_two_processes_equal_one_process_with_accumulation(tmp_path):
         "copy",
         "--out",
         str(tmp_path / "one"),
-        *sets("optim.accum=2"),
+        *sets("batch.accum=2"),
         *common,
         CUDA_VISIBLE_DEVICES="",
     )
@@ -156,7 +156,7 @@ def test_out_dir_of_another_run(tmp_path):
     tiny_copy(out, *sets("max_steps=2"))
     assert "already holds checkpoints" in error_of(tiny_copy(out, check=False))
     msg = error_of(tiny_copy(out, *sets("model.d_model=32"), "--resume", check=False))
-    assert "different model" in msg
+    assert "another run than the one asked for: its model.d_model is 16, not 32" in msg
 
 
 def test_nan_loss_stops_without_overwriting_the_good_checkpoint(tmp_path):
@@ -223,7 +223,7 @@ def test_max_steps_zero_or_negative_is_refused(tmp_path, value):
     [
         ("optim.warmup=0", "warmup"),
         ("model.d_model=65", "model.d_model"),
-        ("optim.accum=0", "accum"),
+        ("batch.accum=0", "accum"),
         ("log_every=0", "log_every"),
         ("model.dropout=2", "model.dropout"),
         ("optim.lr_factor=nan", "lr_factor"),
@@ -281,7 +281,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()  # whatever happened, no trainer outlives the test
-    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert proc.returncode == 130 and "Traceback" not in err, err  # 128 + SIGINT
     assert "interrupted at step" in err and "--resume" in err and "ckpt_" in err
 
 
@@ -311,7 +311,7 @@ def test_a_micro_batch_too_large_for_memory_names_the_setting_that_fits(
     trainer = importlib.import_module("annotated.training.trainer")
     train_cli = importlib.import_module("annotated.cli.train")
     out = tmp_path / "run"
-    common = [*TINY, *sets("checkpoint_every=2", "optim.max_tokens=3000"), "--out", str(out)]
+    common = [*TINY, *sets("checkpoint_every=2", "batch.max_tokens=3000"), "--out", str(out)]
     args = ["--config", "copy", "--no-progress", *common]
     assert train_cli.main([*args, "--max-steps", "2"]) == 0
     before = {p.name: p.read_bytes() for p in checkpoint_paths(out)}
@@ -323,8 +323,8 @@ def test_a_micro_batch_too_large_for_memory_names_the_setting_that_fits(
     assert "Traceback" not in err and f"ran out of {where} memory" in err, err
     assert "allocate 2" in err and "ckpt_00000002.pt" in err, err
     assert "up to 3,000 padded tokens" in err, err
-    setting = re.search(r"--set (optim\.max_tokens=\d+)", err).group(1)
-    assert setting == "optim.max_tokens=1500", err
+    setting = re.search(r"--set (batch\.max_tokens=\d+)", err).group(1)
+    assert setting == "batch.max_tokens=1500", err
     assert {p.name: p.read_bytes() for p in checkpoint_paths(out)} == before
 
     for bug in (ZeroDivisionError("a bug"), RuntimeError("a bug")):
@@ -343,7 +343,7 @@ def test_a_run_ended_before_its_first_checkpoint_is_not_told_to_resume(tmp_path)
     for e in (KeyboardInterrupt(), torch.OutOfMemoryError(GPU_FULL)):
         message = str(ended_early(tmp_path / "run", 3, 4096, e))
         assert "no checkpoint was written yet" in message and "--resume" not in message, message
-    assert "--set optim.max_tokens=2048" in message, message
+    assert "--set batch.max_tokens=2048" in message, message
 
 
 def test_failed_checkpoint_write_leaves_no_tmp_and_keeps_the_last_good_one(tmp_path, monkeypatch):
@@ -564,7 +564,8 @@ def test_only_the_trainers_checkpoints_count_and_each_must_be_this_runs(tmp_path
     tiny_copy(other, *sets("max_steps=7", "seed=1"))
     (folder / "ckpt_00000007.pt").write_bytes((other / "checkpoints/ckpt_00000007.pt").read_bytes())
     msg = error_of(tiny_copy(out, *sets("max_steps=8"), "--resume", check=False))
-    assert "ckpt_00000007.pt was written by another run: its seed differ" in msg
+    assert "ckpt_00000007.pt was written by another run than the one resumed" in msg
+    assert "its seed is 1, not 0" in msg
     assert (folder / "ckpt_00000005.pt").exists()  # nothing of the run was pruned for it
 
 

@@ -19,7 +19,7 @@ from annotated.data.cleaning import LINE_BREAKS, RULES, clean_corpora, read_pair
 from annotated.data.download import RemoteFile, fetch
 from annotated.data.encoded import EncodedCorpus, is_encoded, write_encoded
 from annotated.data.preparation import prepare_wmt14
-from annotated.data.tokenizer import train_tokenizer
+from annotated.data.tokenizer import TokenizerMismatch, train_tokenizer
 from annotated.data.wmt14 import (
     SAMPLE_FILES,
     SCALE_ENV,
@@ -30,7 +30,7 @@ from annotated.data.wmt14 import (
     fetch_archive,
     load_test_set,
 )
-from annotated.errors import ChecksumError, DataError
+from annotated.errors import ChecksumError, DataError, TrainingError
 
 from helpers import serve
 
@@ -319,9 +319,14 @@ def test_a_full_disk_leaves_nothing_behind(tmp_path, monkeypatch, small_tokenize
 
 def test_encoding_refuses_another_tokenizer_and_damage(tmp_path, small_tokenizer):
     write_encoded(tmp_path / "enc", [("a b", "c d")] * 5, small_tokenizer)
-    with pytest.raises(DataError) as err:
+    with pytest.raises(DataError) as err:  # a TokenizerMismatch: a DataError and a TrainingError
         EncodedCorpus(tmp_path / "enc", "0123456789abcdef")
-    assert small_tokenizer.fingerprint in str(err.value) and "0123456789abcdef" in str(err.value)
+    assert isinstance(err.value, TokenizerMismatch) and isinstance(err.value, TrainingError)
+    assert str(err.value) == (
+        f"{tmp_path / 'enc'} was encoded with tokenizer {small_tokenizer.fingerprint}, but the "
+        f"tokenizer in use is 0123456789abcdef: the same ids would mean other words. Encode the "
+        f"corpus again with this tokenizer, or use the one it was encoded with."
+    )
     assert is_encoded(tmp_path / "enc", small_tokenizer.fingerprint)
     tokens = tmp_path / "enc" / "tokens.u16"
     tokens.write_bytes(tokens.read_bytes()[:-2])

@@ -94,17 +94,16 @@ def test_a_pair_over_the_budget_is_batched_alone():
 
 
 def test_automatic_accumulation_and_its_checks():
-    cfg = build_config("wmt14-base")
-    assert (cfg.optim.accum, cfg.optim.tokens_per_step, cfg.optim.max_tokens) == (0, 25_000, 32_768)
+    cfg = build_config("wmt14-base")  # 25,000 tokens a step, micro-batches of at most 32,768
     assert [micro_batches_per_process(cfg, w) for w in (1, 2, 4, 8)] == [1, 1, 1, 1]
     big = build_config("wmt14-big")
     assert [micro_batches_per_process(big, w) for w in (1, 2, 4, 8)] == [2, 1, 1, 1]
-    smaller = build_config("wmt14-base", ["optim.max_tokens=8192"])  # a GPU with less memory
+    smaller = build_config("wmt14-base", ["batch.max_tokens=8192"])  # a GPU with less memory
     assert [micro_batches_per_process(smaller, w) for w in (1, 2, 4, 8)] == [4, 2, 1, 1]
-    assert micro_batches_per_process(build_config("wmt14-base", ["optim.accum=3"]), 8) == 3
+    assert micro_batches_per_process(build_config("wmt14-base", ["batch.accum=3"]), 8) == 3
     for bad, key in (
-        (["optim.tokens_per_step=0"], "accum"),
-        (["optim.tokens_per_step=-5", "optim.accum=1"], "tokens_per_step"),
+        (["batch.tokens_per_step=0"], "accum"),
+        (["batch.tokens_per_step=-5", "batch.accum=1"], "tokens_per_step"),
         (["data.scale=huge"], "data"),
     ):
         with pytest.raises(ConfigError, match=key):
@@ -127,13 +126,13 @@ def test_paper_configurations():
     )
     assert enfr.data.pair == "en-fr" and enfr.model.dropout == 0.1 and enfr.model.d_model == 1024
     for c in (base, big, enfr):
-        assert (c.optim.warmup, c.optim.label_smoothing, c.optim.adam_beta2, c.optim.adam_eps) == (
+        assert (c.optim.warmup, c.loss.label_smoothing, c.optim.adam_beta2, c.optim.adam_eps) == (
             4000,
             0.1,
             0.98,
             1e-9,
         )
-        assert c.optim.tokens_per_step == 25_000 and c.checkpoint_minutes == 10
+        assert c.batch.tokens_per_step == 25_000 and c.checkpoint_minutes == 10
         assert not c.model.norm_first  # post-norm, as in the paper
     assert (base.max_steps, base.keep_last, big.max_steps, big.keep_last) == (
         100_000,
@@ -145,12 +144,11 @@ def test_paper_configurations():
 
 def test_task_visits_every_pair_once_per_epoch_across_ranks(sample_env):
     cfg = build_config(
-        "wmt14-base", ["data.scale=sample", "optim.tokens_per_step=4000", "optim.max_tokens=2048"]
+        "wmt14-base", ["data.scale=sample", "batch.tokens_per_step=4000", "batch.max_tokens=2048"]
     )
 
     def steps(per_process, processes):
-        task = TASKS["wmt14"](cfg)
-        task.per_step = per_process * processes
+        task = TASKS["wmt14"](cfg, per_process * processes)
         out = []
         while not out or out[-1]:
             ids = []
@@ -177,9 +175,8 @@ def test_task_visits_every_pair_once_per_epoch_across_ranks(sample_env):
 
 
 def test_locate_walks_across_epochs(sample_env):
-    cfg = build_config("wmt14-base", ["data.scale=sample", "optim.tokens_per_step=20000"])
-    task = TASKS["wmt14"](cfg)
-    task.per_step = 1
+    cfg = build_config("wmt14-base", ["data.scale=sample", "batch.tokens_per_step=20000"])
+    task = TASKS["wmt14"](cfg, 1)
     n0 = len(task.epoch(0))
     assert task.locate(n0 - 1) == (0, n0 - 1)
     assert task.locate(n0) == (1, 0)
@@ -202,15 +199,15 @@ def test_two_processes_equal_one_process_with_twice_the_accumulation(sample_env,
     common = [
         "--config",
         "wmt14-base",
-        *_sets("data.scale=sample", *TINY, "optim.tokens_per_step=1500"),
+        *_sets("data.scale=sample", *TINY, "batch.tokens_per_step=1500"),
     ]
-    common += _sets("optim.max_tokens=1024", "max_steps=4", "optim.warmup=2", "log_every=1")
+    common += _sets("batch.max_tokens=1024", "max_steps=4", "optim.warmup=2", "log_every=1")
     common += _sets("precision=fp32")  # auto measures on a CPU: two runs could choose apart
-    one = _train(tmp_path / "one", sample_env, *common, *_sets("optim.accum=2"))
+    one = _train(tmp_path / "one", sample_env, *common, *_sets("batch.accum=2"))
     assert one.returncode == 0, one.stderr[-3000:]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     torchrun += ["--nproc_per_node", "2", "-m"]
-    two = _train(tmp_path / "two", sample_env, *common, *_sets("optim.accum=1"), launcher=torchrun)
+    two = _train(tmp_path / "two", sample_env, *common, *_sets("batch.accum=1"), launcher=torchrun)
     assert two.returncode == 0, two.stderr[-3000:]
     assert json.loads((tmp_path / "two" / "run.json").read_text())["world_size"] == 2
 

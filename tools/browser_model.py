@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from annotated.deploy.onnx_model import export_onnx  # noqa: E402
-from annotated.evaluation.translation import load_model, translate  # noqa: E402
+from annotated.evaluation.runs import score  # noqa: E402
+from annotated.evaluation.translation import load_model  # noqa: E402
 from annotated.files import atomic_path  # noqa: E402
 from annotated.training.checkpoints import checkpoint_paths  # noqa: E402
 from annotated.training.provenance import provenance  # noqa: E402
@@ -66,12 +67,13 @@ def main(argv=None) -> int:
 
 
 def reference(model, tokenizer, cfg) -> dict:
-    """`translate`'s outputs on the run's first test set, greedy and with beam 4, alpha 0.6: what
-    the page must reproduce (tests/test_live_translator.py)."""
+    """`translate`'s outputs on the run's first test set, greedy and with beam 4, alpha 0.6, as
+    `score` makes them: what the page must reproduce (tests/test_live_translator.py)."""
     test, load = next(iter(TASKS[cfg.task].test_sets(cfg).items()))
-    sources = [s for s, _ in load()]
-    outputs = {f"beam {k}": translate(model, tokenizer, sources, beam_size=k) for k in (1, 4)}
-    return {"test_set": test, "sources": sources, **outputs}
+    pairs = load()
+    scored = {k: score(model, tokenizer, pairs, beam_size=k) for k in (1, 4)}
+    outputs = {f"beam {k}": s["translations"] for k, s in scored.items()}
+    return {"test_set": test, "sources": [s for s, _ in pairs], **outputs}
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ __all__ = ["main"]
 import argparse
 import sys
 
-from ..errors import ExpectedError, Preempted
 from ..experiments.table3 import GRIDS, run_variation
+from .epilogue import Epilogue, run_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,35 +33,32 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 1 or (args.dev_sentences is not None and args.dev_sentences < 1):
         ap.error("--steps and --dev-sentences must be at least 1")
-    try:
-        for name in GRIDS[args.grid]:
-            r = run_variation(
-                name,
-                config=args.config,
-                steps=args.steps,
-                runs=args.runs,
-                results=args.results,
-                sentences=args.dev_sentences,
-                common=args.set,
-            )
-            print(
-                f"{name:<24} perplexity {r['perplexity']:7.2f}  BLEU {r['bleu']:6.2f}", flush=True
-            )
-    except Preempted as e:  # SIGTERM: the row's trainer saved its step
-        kept = "The rows already scored are kept in --results; the same command continues"
-        print(f"stopped: {e} {kept}, the interrupted row from its checkpoint.", file=sys.stderr)
-        return e.exit_code
-    except ExpectedError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(
-            "interrupted: the rows already scored are kept in --results; run the same command "
-            "again to continue (a row stopped half-way resumes from its last checkpoint).",
-            file=sys.stderr,
+    kept = "the rows already scored are kept in --results, and a row stopped half-way resumes "
+    kept += "from its last checkpoint"
+    again = "run the same command again to continue"
+    end = Epilogue(
+        interrupted=f"{kept}; {again}",
+        again=again,
+        kept=kept,
+        writes=f"into {args.runs} or {args.results}",
+        folders="--runs for the rows' runs, --results for their scores",
+        stopped=f"of the sweep, {kept}; {again}",  # the trainer's words speak of one row
+    )
+    return run_command(lambda: _sweep(args), end)
+
+
+def _sweep(args) -> None:
+    for name in GRIDS[args.grid]:
+        r = run_variation(
+            name,
+            config=args.config,
+            steps=args.steps,
+            runs=args.runs,
+            results=args.results,
+            sentences=args.dev_sentences,
+            common=args.set,
         )
-        return 2
-    return 0
+        print(f"{name:<24} perplexity {r['perplexity']:7.2f}  BLEU {r['bleu']:6.2f}", flush=True)
 
 
 if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..bleu import score_translations
 from ..data.download import read_lines
 from ..errors import DataError
+from .epilogue import Epilogue, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-bleu-c049
@@ -49,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
             "but their line counts "
             f"differ: {len(hyps)} in {args.hyp}, {len(refs)} in {args.ref}."
         )
-    scores = score_translations(hyps, refs, args.lang)
+    end = Epilogue(interrupted="nothing was scored; run the same command again")
+    return run_command(lambda: _print_scores(hyps, refs, args.lang), end)
+
+
+def _print_scores(hyps: list[str], refs: list[str], lang: str) -> None:
+    scores = score_translations(hyps, refs, lang)
     for key, name, note in [
         ("sacrebleu", "sacreBLEU", ""),
         ("tokenized_bleu", "tokenized BLEU", ""),
@@ -57,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
         ("tokenized_lowercased_bleu", "lowercased BLEU", "  (Multi30k's)"),
     ]:
         print(f"{name:20} {scores[key]:6.2f}  {scores[key + '_signature']}{note}")
-    return 0
 
 
 if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ExpectedError, out_of_memory
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
 from ..experiments.plots import save_run_plot
 from ..files import check_writable
 from ..training.checkpoints import checkpoint_step
 from ..training.tensorboard import board_scores
+from .epilogue import Epilogue, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-c023c
@@ -118,48 +118,37 @@ def _check_first(ap: argparse.ArgumentParser, args) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    try:
-        _check_first(ap, args)
-        report = evaluate_run(
-            args.run,
-            last=args.last,
-            limit=args.limit,
-            beam_size=args.beam,
-            alpha=args.alpha,
-            device=args.device,
-            progress=True,
-        )
-        _print_scores(report)
-        if args.results:
-            command = " ".join(
-                ["python -m annotated.cli.evaluate", *(sys.argv[1:] if argv is None else argv)]
-            )
-            print("wrote", write_results(args.results, args.run, report, command=command))
-        scored = _per_checkpoint(args) if args.plot or args.tensorboard else {}
-        if args.plot:
-            print("wrote", _plot(args, report, scored))
-        if args.tensorboard:
-            print("wrote", _board(args, report, scored))
-    except (ExpectedError, ValueError) as e:  # ValueError: missing test data, a line too long
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        if not out_of_memory(e):
-            raise
-        print(f"error: the beam search ran out of memory on {args.device} (beam {args.beam}); "
-              f"use a smaller --beam, or another --device.", file=sys.stderr)  # fmt: skip
-        return 2
-    except OSError as e:
-        print(
-            f"error: could not write {e.filename}: {e.strerror}. Choose a folder you can "
-            f"write to, or free some space, and run the command again.",
-            file=sys.stderr,
-        )
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: nothing was written; run the same command again.", file=sys.stderr)
-        return 2
-    return 0
+    end = Epilogue(
+        interrupted="nothing was written; run the same command again",
+        writes="the results",
+        folders="--results, --plot, --tensorboard",
+        memory=f"the beam search ran with beam {args.beam} on {args.device}: use a smaller "
+        f"--beam, or another --device",
+        expected=(ValueError,),  # missing test data, a line too long for the model
+    )
+    return run_command(lambda: _evaluate(ap, args, sys.argv[1:] if argv is None else argv), end)
+
+
+def _evaluate(ap: argparse.ArgumentParser, args, argv: list[str]) -> None:
+    _check_first(ap, args)
+    report = evaluate_run(
+        args.run,
+        last=args.last,
+        limit=args.limit,
+        beam_size=args.beam,
+        alpha=args.alpha,
+        device=args.device,
+        progress=True,
+    )
+    _print_scores(report)
+    if args.results:
+        command = " ".join(["python -m annotated.cli.evaluate", *argv])
+        print("wrote", write_results(args.results, args.run, report, command=command))
+    scored = _per_checkpoint(args) if args.plot or args.tensorboard else {}
+    if args.plot:
+        print("wrote", _plot(args, report, scored))
+    if args.tensorboard:
+        print("wrote", _board(args, report, scored))
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-c030m

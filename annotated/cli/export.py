@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from ..data.tokenizer import Tokenizer
-from ..errors import ConfigError, ExpectedError
+from ..errors import ConfigError
 from ..evaluation.translation import load_model
+from .epilogue import Epilogue, run_command
 
 ENGINES = ("ctranslate2", "onnx")
 
@@ -46,16 +47,18 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"ENGINE: {' or '.join(ENGINES)}; OUT: a new folder")  # fmt: skip
     ap.add_argument("--quantization", help="CTranslate2's weight type, such as int8")
     args = ap.parse_args(argv)
-    try:
-        out = _export(args)
-    except ExpectedError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as e:  # a quantization CTranslate2 does not know; a full disk
-        print(f"error: could not export to {args.to[1]}: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {out}; its README.md shows how to load it")
-    return 0
+    out = args.to[1]
+    end = Epilogue(
+        interrupted=f"nothing was written to {out}; run the same command again",
+        kept=f"nothing was written to {out}",
+        writes=f"into {out}",
+        folders="OUT, after the engine's name in --to",
+        expected=(ValueError,),  # a --quantization that CTranslate2 does not know
+        task=f"export to {out}",
+    )
+    return run_command(
+        lambda: print(f"wrote {_export(args)}; its README.md shows how to load it"), end
+    )
 
 
 if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook

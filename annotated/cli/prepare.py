@@ -14,9 +14,10 @@ from pathlib import Path
 from ..data.parallel import load_prepared, prepare_parallel, split_tsv
 from ..data.preparation import Prepared
 from ..data.tokenizer import Tokenizer, load_tokenizer
-from ..errors import DataError, ExpectedError
-from ..training.registry import CONFIGS, TASKS, build_config, config_from_record
+from ..errors import DataError
+from ..training.registry import CONFIGS, TASKS, build_config, config_from_record, task_of
 from ..training.tasks.wmt14 import prepare_for
+from .epilogue import Epilogue, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-prepare-c040
@@ -68,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m annotated.cli.prepare",
         description="Prepare WMT14 for a named configuration, or a corpus of your own.",
     )
-    wmt = sorted(name for name, make in CONFIGS.items() if make().task == "wmt14")
+    wmt = sorted(name for name in CONFIGS if task_of(name) == "wmt14")  # no task imported
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--config", help=f"named WMT14 configuration: {', '.join(wmt)}")
     what.add_argument("--src", type=Path, help="your training sources, one sentence a line")
@@ -91,20 +92,26 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.config is None and (args.out is None or (args.src and args.tgt is None)):
         ap.error("a corpus of your own needs --out, and --tgt beside --src")
-    try:
-        if args.config is None:
-            prepared = _own(args)
-        elif build_config(args.config, args.set).task != "wmt14":
+    kept, again = "every step already finished is kept", "run the same command again to continue"
+    end = Epilogue(
+        interrupted=f"{kept}; {again}",
+        again=again,
+        kept=kept,
+        writes=f"into {args.out}" if args.out else "into the data cache",
+        folders="--out for your corpus, XDG_CACHE_HOME for the downloads and WMT14's data",
+    )
+    return run_command(lambda: _prepare(args), end)
+
+
+def _prepare(args) -> None:
+    if args.config is None:
+        prepared = _own(args)
+    else:
+        cfg = build_config(args.config, args.set)
+        if cfg.task != "wmt14":
             print(f"{args.config}: its task prepares its data itself; nothing to do.")
-            return 0
-        else:
-            prepared = prepare_for(build_config(args.config, args.set))
-    except ExpectedError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted; run the same command again to continue.", file=sys.stderr)
-        return 2
+            return
+        prepared = prepare_for(cfg)
     corpus = prepared.corpus("train")
     print(
         f"{prepared.pair} ({prepared.scale}): {len(corpus):,} training pairs encoded in "
@@ -115,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
             f"train with: python -m annotated.cli.train --config parallel "
             f"--set data.path={prepared.folder} --out runs/NAME"
         )
-    return 0
 
 
 if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook

@@ -6,17 +6,16 @@ __all__ = ["main"]
 # %% ../../notebooks/A3_command_lines.ipynb #cli-train-c002e
 # `python -m annotated.cli.train`: train a named configuration, with overrides.
 import argparse
-import errno
 import sys
 from pathlib import Path
 
 import torch.distributed as dist
 
-from ..errors import ExpectedError, Preempted
 from ..experiments.plots import save_run_plot
 from ..training.registry import CONFIGS, build_config
 from ..training.run_folder import read_metrics
 from ..training.trainer import train
+from .epilogue import Epilogue, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-train-c017
@@ -57,67 +56,35 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.out.strip():
         ap.error("--out must name a folder (an empty name would train into the current one)")
-    try:
-        # --max-steps 0 is refused by the configuration's checks, not ignored
-        steps = [] if args.max_steps is None else [f"max_steps={args.max_steps}"]
-        init = [] if args.init is None else [f"init={args.init}"]
-        cfg = build_config(args.config, args.set + steps + init)
-        command = " ".join(
-            ["python -m annotated.cli.train", *(sys.argv[1:] if argv is None else argv)]
-        )
-        train(
-            cfg,
-            args.out,
-            resume=args.resume,
-            progress=not args.no_progress,
-            command=command,
-            tensorboard=args.tensorboard,
-        )
-        if args.plot and (not dist.is_initialized() or dist.get_rank() == 0):
-            metrics = read_metrics(Path(args.out) / "metrics.jsonl")[0]
-            print("wrote", save_run_plot(args.plot, metrics, title=f"{args.config}: {args.out}"))
-    except Preempted as e:  # asked to stop, and saved: not a failure, but not finished either
-        print(f"stopped: {e}", file=sys.stderr)
-        return e.exit_code
-    except ExpectedError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # a collective that failed because another process died
-        if not (dist.is_initialized() and _peer_lost(e)):
-            raise
-        print(f"error: another process of this run stopped ({str(e).splitlines()[0][:160]}). "
-              f"The checkpoints in {args.out} are intact: find the cause in that process's "
-              f"output, then run the same command with --resume.", file=sys.stderr)  # fmt: skip
-        return 2
-    except OSError as e:  # a full disk, a read-only cache or --out: the checkpoints are saved
-        print(f"error: could not write {e.filename or 'into ' + args.out}: {e.strerror or e}. "
-              f"The checkpoints already in {args.out} are intact; {_remedy(e)}, then run the "
-              f"same command (with --resume if it had begun).", file=sys.stderr)  # fmt: skip
-        return 2
-    except KeyboardInterrupt:  # before the loop started: nothing to resume from yet
-        print("error: interrupted before training began; nothing was written.", file=sys.stderr)
-        return 2
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
-
-
-def _peer_lost(e: RuntimeError) -> bool:
-    """Did a collective fail because a peer process went away (gloo's or NCCL's report)?"""
-    said = str(e)
-    return isinstance(e, dist.DistError) or any(
-        s in said for s in ("Connection reset", "Connection closed", "NCCL", "gloo")
+    kept = f"the checkpoints already in {args.out} are intact"
+    again = "run the same command (with --resume if it had begun)"
+    end = Epilogue(
+        interrupted=f"{kept}; {again}",
+        again=again,
+        kept=kept,
+        writes=f"into {args.out}",
+        folders="XDG_CACHE_HOME for the downloads and tokenizers, --out for the run",
+        peers=True,  # under torchrun: another process may die; the process group is closed
     )
+    return run_command(lambda: _train(args, sys.argv[1:] if argv is None else argv), end)
 
 
-def _remedy(e: OSError) -> str:
-    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return "free some space"
-    return (
-        "make that folder writable, or choose another: XDG_CACHE_HOME for the downloads and "
-        "tokenizers, --out for the run"
+def _train(args, argv: list[str]) -> None:
+    # --max-steps 0 is refused by the configuration's checks, not ignored
+    steps = [] if args.max_steps is None else [f"max_steps={args.max_steps}"]
+    init = [] if args.init is None else [f"init={args.init}"]
+    cfg = build_config(args.config, args.set + steps + init)
+    train(
+        cfg,
+        args.out,
+        resume=args.resume,
+        progress=not args.no_progress,
+        command=" ".join(["python -m annotated.cli.train", *argv]),
+        tensorboard=args.tensorboard,
     )
+    if args.plot and (not dist.is_initialized() or dist.get_rank() == 0):
+        metrics = read_metrics(Path(args.out) / "metrics.jsonl")[0]
+        print("wrote", save_run_plot(args.plot, metrics, title=f"{args.config}: {args.out}"))
 
 
 if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook

@@ -13,8 +13,8 @@ import sys
 import torch
 
 from ..data.download import decode_lines
-from ..errors import ExpectedError, out_of_memory
 from ..evaluation.translation import load_model, translate
+from .epilogue import Epilogue, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-translate-c006
@@ -30,48 +30,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alpha", type=float, default=0.6, help="length penalty (paper: 0.6)")
     ap.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
     args = ap.parse_args(argv)
-    try:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model, tokenizer, _ = load_model(args.checkpoint, device)
-        lines = decode_lines(sys.stdin.buffer, "standard input")
-        out = translate(
-            model,
-            tokenizer,
-            lines,
-            beam_size=args.beam,
-            alpha=args.alpha,
-            batch_size=args.batch_size,
-            progress=True,
-        )
-    except (ExpectedError, ValueError) as e:  # ValueError: a line too long
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        if not out_of_memory(e):
-            raise
-        print(f"error: the beam search ran out of memory (beam {args.beam}, up to "
-              f"{args.batch_size} sentences at once); use a smaller --batch-size or --beam.",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: no translation was written; run the command again.", file=sys.stderr)
-        return 2
-    return write_out(out)
+    end = Epilogue(
+        interrupted="no translation was written; run the same command again",
+        kept="any translations written are incomplete",
+        writes="the translations to standard output",
+        memory=f"the beam search decodes up to {args.batch_size} sentences at once with beam "
+        f"{args.beam}: use a smaller --batch-size or --beam",
+        expected=(ValueError,),  # a line too long for the model
+    )
+    return run_command(lambda: write_out(_translated(args)), end)
 
 
-def write_out(lines: list[str]) -> int:
-    """Write the translations to standard output; a full disk or a closed pipe is an error that
-    says so, never an exit code 0 with part of the file."""
+def _translated(args) -> list[str]:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer, _ = load_model(args.checkpoint, device)
+    lines = decode_lines(sys.stdin.buffer, "standard input")
+    return translate(
+        model,
+        tokenizer,
+        lines,
+        beam_size=args.beam,
+        alpha=args.alpha,
+        batch_size=args.batch_size,
+        progress=True,
+    )
+
+
+def write_out(lines: list[str]) -> None:
+    """Write the translations to standard output. A full disk or a closed pipe raises its
+    OSError, which the epilogue reports: never an exit code 0 with part of the file."""
     try:
         sys.stdout.write("".join(line + "\n" for line in lines))
         sys.stdout.flush()
-    except OSError as e:
+    except OSError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush
-        print(f"error: could not write the translations to standard output ({e.strerror or e}); "
-              f"what was written is incomplete. Free some space, then run the command again.",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    return 0
+        raise
 
 
 if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..files import atomic_path
+from .tokenizer import check_fingerprint
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c030
 FORMAT = "annotated-encoded-v1"
@@ -98,11 +99,13 @@ class EncodedCorpus:
         self.header = header = json.loads((folder / "header.json").read_text())
         if header.get("format") != FORMAT:
             raise DataError(f"{folder} has format {header.get('format')!r}, not {FORMAT}")
-        if fingerprint is not None and header["tokenizer"] != fingerprint:
-            raise DataError(
-                f"{folder} was encoded with tokenizer {header['tokenizer']}, but the tokenizer "
-                f"in use is {fingerprint}: the same ids would mean other words. Encode the "
-                f"corpus again with this tokenizer, or use the one it was encoded with."
+        if fingerprint is not None:
+            check_fingerprint(
+                header["tokenizer"],
+                fingerprint,
+                what=f"{folder} was encoded",
+                fix="Encode the corpus again with this tokenizer, or use the one it was encoded "
+                "with.",
             )
         size = (folder / "tokens.u16").stat().st_size
         self.index = np.load(folder / "index.npy", mmap_mode="r")

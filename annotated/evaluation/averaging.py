@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from ..training.checkpoints import unreadable  # why a file cannot be read (chapter 6e)
+from ..training.checkpoints import load_checkpoint  # the one reader (chapter 6e)
+from ..training.run_folder import check_same_run, run_identity  # one run? (chapter 6e)
 
 
 def _state_dict_of(checkpoint, path) -> dict:
@@ -26,32 +27,11 @@ def _state_dict_of(checkpoint, path) -> dict:
     return checkpoint
 
 
-def _read_checkpoint(path):
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated, corrupt, missing, or not written by torch.save
-        raise ValueError(
-            f"average_checkpoints: {path} cannot be read: {unreadable(Path(path), e)}. Leave it "
-            f"out of the average (average fewer, newer checkpoints)."
-        ) from None
-
-
 def _run_of(checkpoint) -> dict:
-    """What a trainer checkpoint records of the run that wrote it; a plain state_dict: nothing."""
+    """The identity of the run that wrote a trainer checkpoint; a plain state_dict: nothing."""
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("config"), dict):
         return {}
-    return {"tokenizer": checkpoint.get("tokenizer"), "model": checkpoint["config"].get("model")}
-
-
-def _check_same_run(first: dict, run: dict, path, first_path):
-    differ = [k for k in run if k in first and run[k] != first[k]]
-    if differ:
-        raise ValueError(
-            f"average_checkpoints: {path} and {first_path} were written by different runs: their "
-            + "; ".join(f"{k} is {run[k]} and {first[k]}" for k in differ)
-            + ". Weights of another tokenizer or model read the same ids as other words; "
-            "average only checkpoints of one run."
-        )
+    return run_identity(checkpoint["config"], checkpoint.get("tokenizer"))
 
 
 def _some(names, n=4):
@@ -67,12 +47,12 @@ def average_checkpoints(paths) -> dict[str, torch.Tensor]:
 
     Each file holds a state_dict, or a dict with the state_dict under "model". Returns a state_dict
     for model.load_state_dict; non-floating-point entries are taken from the last checkpoint.
-    Trainer checkpoints must agree on the tokenizer and the model configuration they record.
+    Trainer checkpoints must be of one run: its task, data, model, seed and tokenizer.
     """
-    paths = list(paths)
+    paths = [Path(p) for p in paths]
     if not paths:
         raise ValueError("average_checkpoints: no checkpoint paths given.")
-    checkpoint = _read_checkpoint(paths[0])
+    checkpoint = load_checkpoint(paths[0], keys=())
     run, state = _run_of(checkpoint), _state_dict_of(checkpoint, paths[0])
     first = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
     total = {
@@ -82,8 +62,9 @@ def average_checkpoints(paths) -> dict[str, torch.Tensor]:
         for k, v in state.items()
     }
     for path in paths[1:]:
-        checkpoint = _read_checkpoint(path)
-        _check_same_run(run, _run_of(checkpoint), path, paths[0])
+        checkpoint = load_checkpoint(path, keys=())
+        fix = "Average only checkpoints of one run."
+        check_same_run(_run_of(checkpoint), run, what=path, than=paths[0], fix=fix)
         state = _state_dict_of(checkpoint, path)
         missing, extra = sorted(set(first) - set(state)), sorted(set(state) - set(first))
         if missing or extra:

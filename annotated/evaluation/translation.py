@@ -79,6 +79,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from ..data.tokenizer import check_fingerprint
 from ..errors import TrainingError
 from ..model import make_model
 from ..training.checkpoints import load_checkpoint, load_weights
@@ -96,17 +97,13 @@ def load_model(paths: Sequence[str | Path], device="cpu"):
     state = load_checkpoint(files[-1])
     cfg = config_from_record(state["config"])
     weights = average_checkpoints(files) if len(files) > 1 else state["model"]
-    if cfg.task not in TASKS:
-        raise TrainingError(f"no task {cfg.task!r} is known (known: {', '.join(TASKS)})")
     tokenizer = TASKS[cfg.task].tokenizer_for(cfg)
-    if state["tokenizer"] != tokenizer.fingerprint:
-        raise TrainingError(
-            f"{files[-1]} was trained with tokenizer {state['tokenizer']}, but the {cfg.task} "
-            f"tokenizer found here is {tokenizer.fingerprint}; its ids would be read as other "
-            f"words. Give it the tokenizer it was trained with: the same cache folder "
-            f"(~/.cache/annotated, or $XDG_CACHE_HOME/annotated), or the same data and "
-            f"SentencePiece version."
-        )
+    fix = (
+        "Give it the tokenizer it was trained with: the same cache folder (~/.cache/annotated, "
+        "or $XDG_CACHE_HOME/annotated), or the same data and SentencePiece version."
+    )
+    check_fingerprint(state["tokenizer"], tokenizer.fingerprint, what=f"{files[-1]} was trained",
+                      fix=fix)  # fmt: skip
     model = make_model(tokenizer.vocab_size, tokenizer.vocab_size, **asdict(cfg.model))
     load_weights(model, weights, files[-1])
     return model.to(device).eval(), tokenizer, cfg

@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 
 from ..batching import BOS, EOS, PAD, make_batch
-from ..bleu import sacrebleu_score
 from ..data.multi30k import load_multi30k
-from ..evaluation.translation import load_model, translate
+from ..evaluation.runs import score
+from ..evaluation.translation import load_model
 from ..files import write_text_atomic
 from ..loss import LabelSmoothing
-from ..training.checkpoints import checkpoint_paths
+from ..training.checkpoints import checkpoint_paths, checkpoint_step
 from ..training.provenance import provenance
 from ..training.registry import build_config
 from ..training.trainer import train
@@ -45,8 +45,8 @@ VARIATIONS: dict[str, list[str]] = {
     "(C) d_ff=1024": ["model.d_ff=1024"],
     "(D) dropout=0": ["model.dropout=0"],
     "(D) dropout=0.2": ["model.dropout=0.2"],
-    "(D) smoothing=0": ["optim.label_smoothing=0"],
-    "(D) smoothing=0.2": ["optim.label_smoothing=0.2"],
+    "(D) smoothing=0": ["loss.label_smoothing=0"],
+    "(D) smoothing=0.2": ["loss.label_smoothing=0.2"],
     "(E) learned positions": ["model.learned_positions=true"],
 }
 GRIDS = {"full": list(VARIATIONS), "ci": ["base", "(A) h=1", "(D) smoothing=0"]}
@@ -69,8 +69,7 @@ def dev_scores(run_dir, *, sentences: int | None = None, beam_size: int = 4) -> 
         total += loss_on_batch(model, batch, nll).item()
         tokens += batch.ntokens
     scored = pairs[:sentences] if sentences else pairs
-    hyps = translate(model, tokenizer, [s for s, _ in scored], beam_size=beam_size, alpha=0.6)
-    bleu = sacrebleu_score(hyps, [t for _, t in scored])[0]
+    bleu = score(model, tokenizer, scored, beam_size=beam_size, alpha=0.6)["sacrebleu"]
     parameters = sum(p.numel() for p in model.parameters())
     return {"perplexity": math.exp(total / tokens), "bleu": bleu, "parameters": parameters}
 
@@ -99,7 +98,7 @@ def run_variation(
     command += [arg for s in settings for arg in ("--set", s)] + ["--no-progress"]
     cfg = build_config(config, settings)  # a bad row fails here, before anything runs
     started = time.time()
-    if not any(p.name == f"ckpt_{steps:08d}.pt" for p in checkpoint_paths(out)):
+    if not any(checkpoint_step(p) == steps for p in checkpoint_paths(out)):
         resume = bool(checkpoint_paths(out))  # a row stopped half-way continues
         with contextlib.redirect_stdout(io.StringIO()):  # the trainer's closing line
             train(cfg, out, resume=resume, progress=False, command=" ".join(command))

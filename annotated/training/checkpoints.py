@@ -4,6 +4,7 @@
 __all__ = [
     "CHECKPOINT_NAME",
     "CHECKPOINT_KEYS",
+    "checkpoint_name",
     "checkpoint_paths",
     "checkpoint_step",
     "save_checkpoint",
@@ -38,6 +39,11 @@ from ..files import atomic_path
 CHECKPOINT_NAME = re.compile(r"ckpt_(\d{8})\.pt")  # the step, eight digits
 
 
+def checkpoint_name(step: int) -> str:
+    """The file name of step `step`'s checkpoint; `checkpoint_step` reads the step back."""
+    return f"ckpt_{step:08d}.pt"
+
+
 def checkpoint_paths(out: Path) -> list[Path]:
     """The run's checkpoints, oldest first. Only names of the trainer's own pattern count: any
     other file in checkpoints/ (a hand-made ckpt_best.pt, say) is left alone."""
@@ -68,7 +74,7 @@ def save_checkpoint(out: Path, state: dict, keep_last: int) -> Path:
     the new one is complete."""
     folder = out / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"ckpt_{state['step']:08d}.pt"
+    path = folder / checkpoint_name(state["step"])
     need = int(1.05 * _bytes_of(state)) + 2**20
     old = checkpoint_paths(out)
     while shutil.disk_usage(folder).free < need and len(old) > 1 and len(old) >= keep_last:
@@ -112,20 +118,23 @@ def unreadable(path: Path, error: Exception) -> str:
     return f"{type(error).__name__}: {str(error)[:200]}"
 
 
-def load_checkpoint(path: Path) -> dict:
+def load_checkpoint(path: Path, keys: tuple[str, ...] = CHECKPOINT_KEYS) -> dict:
+    """The checkpoint at `path`, holding `keys`: the trainer's CHECKPOINT_KEYS, or none for a
+    reader that also takes a plain state_dict (averaging). Any other file is a TrainingError."""
+    path = Path(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a checkpoint, or from an incompatible version
         others = [p.name for p in checkpoint_paths(path.parent.parent) if p != path]
         hint = (
-            f"resume from {others[-1]} by moving {path.name} out of the folder"
+            f"move it out of its folder, then resume from {others[-1]}, or average without it"
             if others
-            else "no other checkpoint is left; start a new run"
+            else "no other checkpoint is in its folder: average without it, or start a new run"
         )
         raise TrainingError(
             f"checkpoint {path} cannot be read: {unreadable(path, e)}; {hint}."
         ) from None
-    missing = [k for k in CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
+    missing = [k for k in keys if not isinstance(state, dict) or k not in state]
     if missing:
         raise TrainingError(
             f"{path} loads, but it is not a checkpoint of this trainer (no "
@@ -152,7 +161,7 @@ def load_weights(model: torch.nn.Module, weights: dict, source) -> None:
 def resumed_micro_batches(state: dict, path: Path, per_step: int, rank: int, world: int) -> int:
     """The micro-batches per step that a run resumed from `state` takes, all processes: the
     checkpoint's when it was written under another number of processes (the paper's batch is
-    tokens per step, not per GPU), else `per_step`, which a changed optim.accum may set."""
+    tokens per step, not per GPU), else `per_step`, which a changed batch.accum may set."""
     saved = int(state.get("data", {}).get("micro_batches_per_step") or per_step)
     if saved == per_step or state.get("world_size", world) == world:
         return per_step
@@ -160,7 +169,7 @@ def resumed_micro_batches(state: dict, path: Path, per_step: int, rank: int, wor
         raise TrainingError(
             f"{path} was trained with {saved} micro-batches per step, which {world} "
             f"processes cannot share evenly. Resume with a number of processes that divides "
-            f"{saved}, or set optim.accum so that world size x accum = {saved}."
+            f"{saved}, or set batch.accum so that world size x accum = {saved}."
         )
     if rank == 0:
         note = (
@@ -201,9 +210,9 @@ def ended_early(out: Path, step: int, max_tokens: int, e: BaseException) -> Trai
     said = ". ".join(str(e).split(". ")[:2])  # PyTorch's first words: what it tried to allocate
     return TrainingError(
         f"step {step} ran out of {where} memory ({said}); {last}. A micro-batch may hold up to "
-        f"{max_tokens:,} padded tokens a side (optim.max_tokens). Smaller micro-batches make "
+        f"{max_tokens:,} padded tokens a side (batch.max_tokens). Smaller micro-batches make "
         f"the same step, with more of them accumulated: run {again}, adding "
-        f"--set optim.max_tokens={max(1, max_tokens // 2)}."
+        f"--set batch.max_tokens={max(1, max_tokens // 2)}."
     )
 
 
@@ -223,9 +232,13 @@ def restore_rng_state(state: dict):
 
 
 # %% ../../notebooks/13_your_own_corpus.ipynb #c051
-ARCHITECTURE = (  # every model setting but the dropouts
-    *("N", "d_model", "d_ff", "h", "d_k"),
-    *("share_embeddings", "norm_first", "learned_positions", "max_len"),
+import dataclasses
+
+from ..data.tokenizer import check_fingerprint
+from ..model import ModelConfig
+
+ARCHITECTURE = tuple(  # every model setting but the dropouts: what the weights are shaped by
+    f.name for f in dataclasses.fields(ModelConfig) if not f.name.endswith("dropout")
 )
 
 
@@ -233,13 +246,8 @@ def initial_weights(model, path: Path, cfg, fingerprint: str) -> None:
     """Fine-tuning: the weights of `path`, a checkpoint of another run, loaded into `model`;
     not its optimiser, schedule or step. Refused unless its tokenizer and model are this run's."""
     state = load_checkpoint(path)
-    if state["tokenizer"] != fingerprint:
-        raise TrainingError(
-            f"--init {path} was trained with tokenizer {state['tokenizer']}, but this run's "
-            f"data is tokenized by {fingerprint}: the same ids would mean other words. Prepare "
-            f"the new data with the trained run's tokenizer (prepare --tokenizer), then start "
-            f"again."
-        )
+    fix = "Prepare the new data with the run's tokenizer (prepare --tokenizer); start again."
+    check_fingerprint(state["tokenizer"], fingerprint, what=f"--init {path} was trained", fix=fix)
     theirs = state["config"].get("model", {})
     differ = [k for k in ARCHITECTURE if k in theirs and theirs[k] != getattr(cfg.model, k)]
     if differ:

@@ -5,74 +5,135 @@ __all__ = [
     "D",
     "BUCKET_FILL",
     "MODELS",
+    "PARTS",
+    "Checked",
+    "BatchConfig",
     "OptimConfig",
+    "LossConfig",
     "TaskData",
     "TrainConfig",
     "task_data",
-    "validate_config",
-    "micro_batches_per_process",
+    "settings_of",
+    "built",
+    "put_setting",
+    "parse_overrides",
     "apply_overrides",
+    "micro_batches_per_process",
     "checkpoint_due",
     "out_of_time",
 ]
 
 # %% ../../notebooks/06c_trainer_configuration.ipynb #c002a
-# Every hyperparameter of a run in one dataclass, and `key=value` overrides checked against it.
+# Every hyperparameter of a run in one dataclass, each part checked as it is built, and the
+# `key=value` settings that the command line and the registry's table write.
 import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import ConfigError
+from ..errors import ConfigError, refuse_broken
 from ..model import TRANSFORMER_BASE, TRANSFORMER_BIG, ModelConfig
 from ..precision import PRECISIONS
 from .distributed import all_sum
 
 
 # %% ../../notebooks/06c_trainer_configuration.ipynb #c004
-@dataclass
-class OptimConfig:
-    """How the weights are fitted: the batch (paper 5.1), Adam and its schedule (5.3), the loss
-    (5.4). Paper values are the defaults."""
+class Checked:
+    """A part of the configuration that checks its values as it is built: `rules` lists
+    (holds, key, why), and the first rule that fails is refused with a ConfigError."""
 
-    # batching (5.1): ~25,000 source + 25,000 target tokens per step on 8 GPUs
+    def rules(self) -> list[tuple[bool, str, str]]:
+        return []
+
+    def __post_init__(self) -> None:
+        refuse_broken(self.rules())
+
+
+@dataclass
+class BatchConfig(Checked):
+    """What one optimiser step holds (paper 5.1): ~25,000 source and target tokens on 8 GPUs."""
+
     max_tokens: int = 4096  # padded tokens per micro-batch and side (real data)
     tokens_per_step: int = 0  # real tokens per step and side, all processes (0 = off)
     accum: int = 1  # micro-batches per process and step; 0 = what tokens_per_step needs
-    # Adam(0.9, 0.98, 1e-9), lrate = lr_factor * rate(step) (5.3)
+
+    def rules(self) -> list[tuple[bool, str, str]]:
+        automatic = self.accum == 0 and self.tokens_per_step >= 1
+        return [
+            (self.max_tokens >= 1, "batch.max_tokens", "must be at least 1"),
+            (self.tokens_per_step >= 0, "batch.tokens_per_step", "must be 0 (off) or more"),
+            (
+                self.accum >= 1 or automatic,
+                "batch.accum",
+                "must be at least 1, or 0 (automatic) together with batch.tokens_per_step >= 1",
+            ),
+        ]
+
+
+@dataclass
+class OptimConfig(Checked):
+    """How the weights move (paper 5.3): Adam, lrate = lr_factor * rate(step, warmup)."""
+
     lr_factor: float = 1.0
     warmup: int = 4000
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
     max_grad_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
-    label_smoothing: float = 0.1  # 5.4
+
+    def rules(self) -> list[tuple[bool, str, str]]:
+        betas = 0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1 and self.adam_eps > 0
+        return [
+            (
+                math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0,
+                "optim.max_grad_norm",
+                "must be 0 (no clipping) or a positive norm; a negative one would climb the loss",
+            ),
+            (
+                betas,
+                "optim.adam_beta1, optim.adam_beta2, optim.adam_eps",
+                "the betas must lie in [0, 1) and adam_eps must be positive",
+            ),
+            (
+                math.isfinite(self.lr_factor) and self.lr_factor > 0,
+                "optim.lr_factor",
+                "must be a positive number",
+            ),
+            (self.warmup >= 1, "optim.warmup", "must be at least 1 (the schedule divides by it)"),
+        ]
 
 
 @dataclass
-class TaskData:
-    """A task's own data settings. Each task subclasses it with its fields (the copy task's
-    vocabulary and sentences per batch, WMT14's language pair), so no task sees another's."""
+class LossConfig(Checked):
+    """What is minimised (paper 5.4): cross-entropy against label-smoothed targets."""
+
+    label_smoothing: float = 0.1
 
     def rules(self) -> list[tuple[bool, str, str]]:
-        """(holds, key, why) for this task's fields; see validate_config."""
-        return []
+        return [(0 <= self.label_smoothing < 1, "loss.label_smoothing", "must lie in [0, 1)")]
+
+
+@dataclass
+class TaskData(Checked):
+    """A task's own data settings. Each task subclasses it with its fields (the copy task's
+    vocabulary and sentences per batch, WMT14's language pair), so no task sees another's."""
 
     def target_language(self) -> str:
         return "de"  # the book's tasks translate into German unless they say otherwise
 
 
 @dataclass
-class TrainConfig:
-    """Everything that defines a training run: the task and its data, the model, the
-    optimisation, and how long the run lasts and what it writes."""
+class TrainConfig(Checked):
+    """Everything that defines a training run: the task and its data, the model, the batch,
+    the optimiser and the loss, and how long the run lasts and what it writes."""
 
-    task: str = "copy"  # which task: see the registry's TASKS
+    task: str = "copy"  # which task: a module of annotated.training.tasks (chapter 6d)
     data: TaskData = field(default_factory=TaskData)  # the task's own settings
     model: ModelConfig = field(default_factory=ModelConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     # the run
     max_steps: int = 100_000  # paper: 100k steps (base), 300k (big)
     max_minutes: float = 0.0  # also stop after this much training time, resumes included (0 = off)
@@ -87,6 +148,26 @@ class TrainConfig:
     precision: str = "auto"  # fp32, bf16, fp16 (with a gradient scaler); auto: per device
     fused_adam: bool = True  # one fused Adam kernel for all parameters (CPU and GPU)
     compile: bool = False  # torch.compile the model (slower on the book's CPU; see chapter 6b)
+
+    def rules(self) -> list[tuple[bool, str, str]]:
+        minutes = [
+            (self.max_minutes, "max_minutes", "no time limit"),
+            (self.checkpoint_minutes, "checkpoint_minutes", "off"),
+        ]
+        return [
+            (
+                min(self.log_every, self.keep_last, self.max_steps) >= 1,
+                "log_every, keep_last, max_steps",
+                "each must be at least 1",
+            ),
+            (self.precision in PRECISIONS, "precision", "must be auto, fp32, bf16 or fp16"),
+            (self.checkpoint_every >= 0, "checkpoint_every", "must be 0 (only at the end) or more"),
+            (0 <= self.seed < 2**63, "seed", "must be a whole number from 0 to 2**63 - 1"),
+            *[
+                (math.isfinite(m) and m >= 0, key, f"must be 0 ({off}) or a positive number")
+                for m, key, off in minutes
+            ],
+        ]
 
 
 D = TypeVar("D", bound=TaskData)
@@ -105,6 +186,43 @@ def task_data(cfg: TrainConfig, kind: type[D]) -> D:
 
 # %% ../../notebooks/06c_trainer_configuration.ipynb #c006
 BUCKET_FILL = 0.9  # real tokens per padded token that a length-bucketed micro-batch holds
+MODELS = {"base": TRANSFORMER_BASE, "big": TRANSFORMER_BIG}  # --set model=NAME (Table 3)
+PARTS = {"model": ModelConfig, "batch": BatchConfig, "optim": OptimConfig, "loss": LossConfig}
+
+
+def settings_of(part) -> dict[str, Any]:
+    """Every setting of a configuration under its --set key: {"model.N": 6, ..., "seed": 0}."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(part):
+        value = getattr(part, f.name)
+        if dataclasses.is_dataclass(value):
+            out |= {f"{f.name}.{key}": v for key, v in settings_of(value).items()}
+        else:
+            out[f.name] = value
+    return out
+
+
+def built(settings: dict[str, Any], data: type[TaskData]) -> TrainConfig:
+    """The TrainConfig of a complete set of settings, built once: each part checks its own."""
+    parts: dict[str, dict[str, Any]] = {"data": {}, **{name: {} for name in PARTS}}
+    run = {}
+    for key, value in settings.items():
+        part, dot, leaf = key.partition(".")
+        if dot:
+            parts[part][leaf] = value
+        else:
+            run[key] = value
+    kinds = {"data": data, **PARTS}
+    return TrainConfig(**run, **{name: kinds[name](**values) for name, values in parts.items()})
+
+
+def put_setting(settings: dict[str, Any], key: str, value) -> None:
+    """Set one setting; `model=base` or `model=big` sets every model setting but max_len."""
+    if key == "model":
+        named = settings_of(MODELS[value])
+        settings |= {f"model.{k}": v for k, v in named.items() if k != "max_len"}
+    else:
+        settings[key] = value
 
 
 def _convert(text: str, current, key: str):
@@ -124,143 +242,54 @@ def _convert(text: str, current, key: str):
         ) from None
 
 
-def _keys(cfg, prefix="") -> list[str]:
-    out: list[str] = []
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        out += (
-            _keys(value, f"{prefix}{f.name}.")
-            if dataclasses.is_dataclass(value)
-            else [prefix + f.name]
-        )
+# %% ../../notebooks/06c_trainer_configuration.ipynb #c006b
+def parse_overrides(settings: dict[str, Any], overrides) -> list[tuple[str, Any]]:
+    """`key=value` overrides as (key, value) pairs, in order, each checked against the keys
+    and types of `settings`."""
+    groups = {key.split(".")[0] for key in settings if "." in key}
+    out = []
+    for item in overrides:
+        key, sep, text = (s.strip() for s in item.partition("="))
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optim.warmup=4000")
+        if key == "model" and text in MODELS:  # a named model: the paper's sizes
+            out.append((key, text))
+        elif key in groups:  # a part such as `optim`: one of its keys
+            keys = ", ".join(k for k in settings if k.startswith(f"{key}."))
+            named = f", or name a model: {', '.join(MODELS)}" if key == "model" else ""
+            why = f"{key} is a group of settings; set one of {keys}{named}"
+            raise ConfigError(f"--set {key}: {why}")
+        elif key == "task":
+            raise ConfigError(
+                "--set task: a configuration's task is fixed; start from a configuration of the "
+                "task you want with --config (python -m annotated.cli.train --help lists them)."
+            )
+        elif key not in settings:
+            near = [k for k in settings if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
+            hint = f"did you mean {' or '.join(near)}? " if near else ""
+            raise ConfigError(
+                f"--set {key}: unknown key; {hint}valid keys are: {', '.join(settings)}"
+            )
+        else:
+            out.append((key, _convert(text, settings[key], key)))
     return out
 
 
-def _model_rules(m) -> list[tuple[bool, str, str]]:
-    """(holds, key, why) for the model's sizes and dropout rates."""
-    return [
-        (m.d_model % m.h == 0, "model.d_model", f"{m.d_model} is not divisible by model.h={m.h}"),
-        (
-            min(m.N, m.d_model, m.d_ff, m.h) >= 1,
-            "model.N, model.d_model, model.d_ff, model.h",
-            "each must be at least 1",
-        ),
-        (m.d_k >= 0, "model.d_k", "must be 0 (d_model / h) or a positive size"),
-        (
-            all(0 <= p < 1 for p in (m.dropout, m.attn_dropout, m.ffn_dropout)),
-            "model.dropout, model.attn_dropout, model.ffn_dropout",
-            "dropout rates must lie in [0, 1)",
-        ),
-        (m.max_len >= 3, "model.max_len", "must be at least 3: a start, one token and an end"),
-    ]
-
-
-def _optimiser_rules(o: OptimConfig) -> list[tuple[bool, str, str]]:
-    """(holds, key, why) for the batch, the loss and the optimiser."""
-    return [
-        (0 <= o.label_smoothing < 1, "optim.label_smoothing", "must lie in [0, 1)"),
-        (
-            math.isfinite(o.max_grad_norm) and o.max_grad_norm >= 0,
-            "optim.max_grad_norm",
-            "must be 0 (no clipping) or a positive norm; a negative one would climb the loss",
-        ),
-        (
-            0 <= o.adam_beta1 < 1 and 0 <= o.adam_beta2 < 1 and o.adam_eps > 0,
-            "optim.adam_beta1, optim.adam_beta2, optim.adam_eps",
-            "the betas must lie in [0, 1) and adam_eps must be positive",
-        ),
-        (
-            math.isfinite(o.lr_factor) and o.lr_factor > 0,
-            "optim.lr_factor",
-            "must be a positive number",
-        ),
-        (o.warmup >= 1, "optim.warmup", "must be at least 1 (the schedule divides by it)"),
-        (
-            o.accum >= 1 or (o.accum == 0 and o.tokens_per_step >= 1),
-            "optim.accum",
-            "must be at least 1, or 0 (automatic) together with optim.tokens_per_step >= 1",
-        ),
-        (o.tokens_per_step >= 0, "optim.tokens_per_step", "must be 0 (off) or more"),
-        (o.max_tokens >= 1, "optim.max_tokens", "must be at least 1"),
-    ]
-
-
-def validate_config(cfg: TrainConfig) -> TrainConfig:
-    """Refuse values that cannot train, with the key to change; returns cfg."""
-    rules = [
-        *_model_rules(cfg.model),
-        *_optimiser_rules(cfg.optim),
-        *cfg.data.rules(),
-        (
-            min(cfg.log_every, cfg.keep_last, cfg.max_steps) >= 1,
-            "log_every, keep_last, max_steps",
-            "each must be at least 1",
-        ),
-        (cfg.precision in PRECISIONS, "precision", "must be auto, fp32, bf16 or fp16"),
-        (
-            math.isfinite(cfg.max_minutes) and cfg.max_minutes >= 0,
-            "max_minutes",
-            "must be 0 (no time limit) or a positive number of minutes",
-        ),
-        (cfg.checkpoint_every >= 0, "checkpoint_every", "must be 0 (only at the end) or more"),
-        (
-            math.isfinite(cfg.checkpoint_minutes) and cfg.checkpoint_minutes >= 0,
-            "checkpoint_minutes",
-            "must be 0 (off) or a positive number of minutes",
-        ),
-        (0 <= cfg.seed < 2**63, "seed", "must be a whole number from 0 to 2**63 - 1"),
-        (not cfg.init or Path(cfg.init).is_file(), "init", "must name a checkpoint file"),
-    ]
-    for ok, key, why in rules:
-        if not ok:
-            raise ConfigError(f"{key}: {why}. Change it with --set KEY=VALUE.")
-    return cfg
+def apply_overrides(cfg: TrainConfig, overrides=()) -> TrainConfig:
+    """`cfg` with `key=value` overrides applied in order (nested keys use dots), built anew."""
+    settings = settings_of(cfg)
+    for key, value in parse_overrides(settings, overrides):
+        put_setting(settings, key, value)
+    return built(settings, type(cfg.data))
 
 
 def micro_batches_per_process(cfg: TrainConfig, world: int) -> int:
-    """`optim.accum`, or for accum=0 the fewest micro-batches per process that hold
+    """`batch.accum`, or for accum=0 the fewest micro-batches per process that hold
     tokens_per_step real tokens when each is filled to BUCKET_FILL of its padded size."""
-    o = cfg.optim
-    if o.accum:
-        return o.accum
-    return max(1, math.ceil(o.tokens_per_step / (world * BUCKET_FILL * o.max_tokens)))
-
-
-MODELS = {"base": TRANSFORMER_BASE, "big": TRANSFORMER_BIG}  # --set model=NAME (Table 3)
-
-
-def apply_overrides(cfg: TrainConfig, overrides=()) -> TrainConfig:
-    """`cfg` with `key=value` overrides applied (nested keys use dots), then validated.
-    `model=base` or `model=big` puts the paper's model in place, keeping the run's max_len."""
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optim.warmup=4000")
-        *path, leaf = key.strip().split(".")
-        target: Any = cfg
-        for part in path:
-            target = getattr(target, part, None)
-        if (
-            target is None
-            or not dataclasses.is_dataclass(target)
-            or leaf not in {f.name for f in dataclasses.fields(target)}
-        ):
-            keys = _keys(cfg)
-            near = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]  # the same name, another part
-            hint = f"did you mean {' or '.join(near)}? " if near else ""
-            raise ConfigError(f"--set {key}: unknown key; {hint}valid keys are: {', '.join(keys)}")
-        current = getattr(target, leaf)
-        if key == "model" and text.strip() in MODELS:  # a named model: the paper's sizes
-            cfg.model = dataclasses.replace(MODELS[text.strip()], max_len=cfg.model.max_len)
-            continue
-        if dataclasses.is_dataclass(current):  # a part such as `optim`: one of its keys
-            group = ", ".join(_keys(current, f"{key}."))
-            named = f", or name a model: {', '.join(MODELS)}" if key == "model" else ""
-            raise ConfigError(
-                f"--set {key}: {key} is a group of settings; set one of {group}{named}"
-            )
-        setattr(target, leaf, _convert(text.strip(), current, key))
-    return validate_config(cfg)
+    b = cfg.batch
+    if b.accum:
+        return b.accum
+    return max(1, math.ceil(b.tokens_per_step / (world * BUCKET_FILL * b.max_tokens)))
 
 
 # %% ../../notebooks/06h_the_loop.ipynb #c015d2

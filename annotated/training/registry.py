@@ -2,25 +2,39 @@
 
 # %% auto #0
 __all__ = [
-    "TASKS",
     "CONFIGS",
+    "TASKS",
     "TextTokenizer",
     "Task",
+    "Tasks",
+    "task_of",
+    "table_settings",
     "build_config",
     "config_from_record",
     "registry_table",
 ]
 
 # %% ../../notebooks/06d_tasks_and_registry.ipynb #c009p
-# Every task and named configuration in one table, and what a task must offer the trainer.
-from collections.abc import Callable, Mapping
+# Every named configuration in one table, each task found by its name, and what a task offers.
+import importlib
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
+
+from annotated.training.config import (
+    PARTS,
+    TaskData,
+    TrainConfig,
+    built,
+    parse_overrides,
+    put_setting,
+    settings_of,
+)
 
 from ..batching import Batch
 from ..errors import ConfigError
 from ..model import ModelConfig
-from .config import OptimConfig, TaskData, TrainConfig, apply_overrides
 
 
 class TextTokenizer(Protocol):
@@ -38,7 +52,6 @@ class Task(Protocol):
     """What the trainer needs of a task: its batches, its tokenizer and its test sets."""
 
     Data: ClassVar[type[TaskData]]  # the type of cfg.data for this task
-    per_step: int  # micro-batches per optimiser step, all processes: set by the trainer
 
     @property
     def tokenizer(self) -> TextTokenizer: ...
@@ -47,7 +60,7 @@ class Task(Protocol):
     @property
     def tgt_vocab(self) -> int: ...
 
-    def __init__(self, cfg: TrainConfig) -> None: ...
+    def __init__(self, cfg: TrainConfig, per_step: int) -> None: ...  # per_step: see above
     @staticmethod
     def tokenizer_for(cfg: TrainConfig) -> TextTokenizer: ...  # without loading the data
     @staticmethod
@@ -56,64 +69,123 @@ class Task(Protocol):
 
 
 # %% ../../notebooks/06d_tasks_and_registry.ipynb #c009u
-from annotated.training.tasks.multi30k import (
-    Multi30kTask,
-    multi30k_config,
-    multi30k_cpu_config,
-    multi30k_postnorm_config,
-    multi30k_small_config,
-)
-from annotated.training.tasks.wmt14 import (
-    Wmt14Task,
-    wmt14_base_config,
-    wmt14_big_config,
-    wmt14_enfr_big_config,
-)
-
-from .tasks.copy import CopyTask, copy_config
-from .tasks.parallel import ParallelTask, parallel_base_config, parallel_config
-
-TASKS: dict[str, type[Task]] = {
-    "copy": CopyTask,  # chapter 6d: random sequences to copy
-    "multi30k": Multi30kTask,  # chapter 9: 29,000 image captions, en-de
-    "wmt14": Wmt14Task,  # chapter 11: WMT14 en-de (4.5M pairs) or en-fr
-    "parallel": ParallelTask,  # chapter 13: a corpus of your own, prepared from text files
+# fmt: off
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    # name: (base, settings): the base configuration ("": the defaults, the paper's base model
+    # trained as in its section 5) with these settings changed, written as --set writes them.
+    "copy": ("", {  # chapter 6: copy up to ten symbols, in under a minute on a laptop CPU
+        "task": "copy", "data.vocab": 13, "data.batch_sentences": 64,
+        "model.N": 2, "model.d_model": 64, "model.d_ff": 128, "model.h": 4, "model.dropout": 0.0,
+        "optim.lr_factor": 0.25, "optim.warmup": 100,
+        "max_steps": 800, "checkpoint_every": 200, "log_every": 20,
+        "precision": "fp32"}),  # too small for bf16 to pay; chapter 6h compares exact losses
+    "multi30k": ("", {  # chapter 9, GPU profile: the base model in pre-norm form, dropout 0.3
+        "task": "multi30k", "data.vocab": 8000,
+        "model.dropout": 0.3, "model.norm_first": True, "model.max_len": 256,
+        "optim.warmup": 1000, "batch.max_tokens": 12_000,
+        "max_steps": 3000, "checkpoint_every": 250, "log_every": 50}),
+    "multi30k-small": ("multi30k", {  # chapter 9d's rows: 3 layers of width 128
+        "model.N": 3, "model.d_model": 128, "model.d_ff": 512, "model.h": 4, "model.dropout": 0.1,
+        "optim.lr_factor": 0.7, "optim.warmup": 100, "batch.max_tokens": 2000,
+        "max_steps": 1400, "checkpoint_every": 20, "log_every": 10}),
+    "multi30k-cpu": ("multi30k-small", {  # chapter 9, CPU profile (results/multi30k-cpu-sweep)
+        "model.N": 2, "optim.lr_factor": 1.0, "optim.warmup": 200, "max_steps": 2600}),
+    "multi30k-postnorm": ("multi30k", {  # chapter 9b: the paper's post-norm model
+        "model.norm_first": False, "optim.lr_factor": 0.5, "optim.max_grad_norm": 1.0,
+        "max_steps": 6000, "max_minutes": 8.0}),
+    "wmt14-base": ("", {  # chapter 11: the base model, 100k steps of ~25,000 tokens a side
+        "task": "wmt14", "model.max_len": 1024,
+        "batch.tokens_per_step": 25_000, "batch.max_tokens": 32_768, "batch.accum": 0,
+        "checkpoint_every": 1400, "checkpoint_minutes": 10.0}),  # the paper's 10 minutes
+    "wmt14-big": ("wmt14-base", {  # chapter 11: the big model, en-de, 300k steps
+        "model": "big", "batch.max_tokens": 16_384,
+        "max_steps": 300_000, "checkpoint_every": 600, "keep_last": 20}),
+    "wmt14-enfr-big": ("wmt14-big", {  # chapter 11: the big model, en-fr (dropout: section 6.1)
+        "data.pair": "en-fr", "model.dropout": 0.1}),
+    "parallel": ("multi30k-cpu", {  # chapter 13: your corpus, the CPU profile, 30 minutes
+        "task": "parallel", "max_steps": 100_000, "max_minutes": 30.0, "checkpoint_every": 200}),
+    "parallel-base": ("wmt14-base", {  # chapter 13: your corpus, the paper's base model
+        "task": "parallel", "checkpoint_every": 1000, "checkpoint_minutes": 0.0}),
 }
-CONFIGS: dict[str, Callable[[], TrainConfig]] = {
-    "copy": copy_config,  # chapter 6's experiment
-    "multi30k": multi30k_config,  # chapter 9, GPU profile: 6 layers, pre-norm
-    "multi30k-small": multi30k_small_config,  # chapter 9: 3 layers, d_model 128
-    "multi30k-cpu": multi30k_cpu_config,  # chapter 9, CPU profile: 2 layers, d_model 128
-    "multi30k-postnorm": multi30k_postnorm_config,  # chapter 9b: the paper's post-norm model
-    "wmt14-base": wmt14_base_config,  # chapter 11: the paper's base model
-    "wmt14-big": wmt14_big_config,  # chapter 11: the paper's big model, en-de
-    "wmt14-enfr-big": wmt14_enfr_big_config,  # chapter 11: the big model, en-fr
-    "parallel": parallel_config,  # chapter 13: your corpus, the CPU profile's model, 30 minutes
-    "parallel-base": parallel_base_config,  # chapter 13: your corpus, the paper's base model
-}
+# fmt: on
 
 
-def build_config(name: str, overrides=()) -> TrainConfig:
-    """The named configuration with `key=value` overrides applied (nested keys use dots)."""
+# %% ../../notebooks/06d_tasks_and_registry.ipynb #c009u2
+class Tasks(Mapping):
+    """Each task by its name, imported when it is looked up: "copy" is the TASK of the module
+    annotated.training.tasks.copy; a name with a dot is a module of your own."""
+
+    def __getitem__(self, name: str) -> type[Task]:
+        module = name if "." in name else f"annotated.training.tasks.{name}"
+        found = None
+        if re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+            try:
+                found = getattr(importlib.import_module(module), "TASK", None)
+            except ModuleNotFoundError as e:  # not this module: one that it needs
+                if e.name is None or not module.startswith(e.name):
+                    raise
+        if found is None:
+            raise ConfigError(
+                f"unknown task {name!r}; the book's tasks are {', '.join(self)}. A task of your "
+                f"own is named by its module (task: mypackage.mytask), which defines TASK."
+            )
+        return found
+
+    def __iter__(self) -> Iterator[str]:  # the book's tasks, as the table names them
+        return iter(dict.fromkeys(s["task"] for _, s in CONFIGS.values() if "task" in s))
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+TASKS = Tasks()
+
+
+def _settings(name: str) -> list[tuple[str, Any]]:
+    """A named configuration's settings, its bases' first; a new task starts its data afresh."""
     if name not in CONFIGS:
         raise ConfigError(
             f"unknown configuration {name!r}; choose one of: {', '.join(sorted(CONFIGS))}"
         )
-    return apply_overrides(CONFIGS[name](), overrides)
+    base, own = CONFIGS[name]
+    out = _settings(base) if base else []
+    if "task" in own:
+        out = [(k, v) for k, v in out if not k.startswith("data.")]
+    return [*out, *own.items()]
 
 
-def _known(kind, values: dict):
-    """`kind(**values)` without the keys that `kind` does not have."""
-    return kind(**{k: v for k, v in values.items() if k in {f.name for f in fields(kind)}})
+def task_of(name: str) -> str:
+    """The task that a named configuration trains, read from the table without building it."""
+    return [value for key, value in _settings(name) if key == "task"][-1]
 
 
+def table_settings(name: str) -> dict[str, Any]:
+    """Every setting of a named configuration by its --set key, read from the table without
+    importing its task: the defaults, then its bases' settings, then its own."""
+    values = settings_of(TrainConfig())
+    for key, value in _settings(name):
+        put_setting(values, key, value)
+    return values
+
+
+def build_config(name: str, overrides=()) -> TrainConfig:
+    """The named configuration with `key=value` overrides applied (nested keys use dots),
+    built once: every part checks its values as it is made."""
+    task = task_of(name)
+    data = TASKS[task].Data
+    settings = settings_of(TrainConfig(task=task, data=data())) | table_settings(name)
+    for key, value in parse_overrides(settings, overrides):
+        put_setting(settings, key, value)
+    return built(settings, data)
+
+
+# %% ../../notebooks/06d_tasks_and_registry.ipynb #c009u3
 def config_from_record(saved: dict) -> TrainConfig:
     """The TrainConfig that a checkpoint or run.json recorded. A model setting this version
     does not have is refused (it would build another model); other unknown keys are dropped.
-    A record from before the configuration had parts, every key at the top, is read too."""
+    Older layouts are read too: the batch and the loss inside `optim`, or every key at the top."""
     task = saved.get("task", "copy")
-    if task not in TASKS:
-        raise ConfigError(f"the record names task {task!r}; known: {', '.join(TASKS)}")
+    kind = TASKS[task].Data
     newer = sorted(set(saved["model"]) - {f.name for f in fields(ModelConfig)})
     if newer:
         raise ConfigError(
@@ -123,22 +195,23 @@ def config_from_record(saved: dict) -> TrainConfig:
         )
     if "optim" in saved:
         optim, data = saved["optim"], saved.get("data", {})
-    else:  # the older, flat layout: the data scale was called "data"
+    else:  # the oldest layout, every key at the top: the data scale was called "data"
         optim, data = saved, {**saved, "scale": saved.get("data", "")}
-    parts = {
-        "model": _known(ModelConfig, saved["model"]),
-        "optim": _known(OptimConfig, optim),
-        "data": _known(TASKS[task].Data, data),
-    }
-    return _known(TrainConfig, {**saved, **parts})
+    parts = {"data": data, "model": saved["model"]}
+    parts |= {name: {**optim, **saved.get(name, {})} for name in PARTS if name != "model"}
+    settings = settings_of(TrainConfig(task=task, data=kind()))
+    recorded = {f"{p}.{k}": v for p, values in parts.items() for k, v in values.items()}
+    recorded |= {k: v for k, v in saved.items() if not isinstance(v, dict)}
+    settings |= {k: v for k, v in recorded.items() if k in settings}
+    return built(settings, kind)
 
 
 def registry_table(prefix: str = "") -> list[dict]:
     """One row per named configuration whose name starts with `prefix`: what it trains."""
     rows = []
-    for name, make in CONFIGS.items():
+    for name in CONFIGS:
         if name.startswith(prefix):
-            c = make()
+            c = build_config(name)
             m = c.model
             rows.append(
                 {

@@ -2,10 +2,13 @@
 
 # %% auto #0
 __all__ = [
+    "RUN_IDENTITY",
     "read_metrics",
     "read_json",
     "record_run",
-    "run_differences",
+    "run_identity",
+    "identity_differences",
+    "check_same_run",
     "check_run_folder",
     "Progress",
     "own_run_folder",
@@ -76,14 +79,46 @@ def record_run(out: Path, record: dict, step: int):
     write_text_atomic(run_file, json.dumps({**record, "history": history}, indent=2))
 
 
+# %% ../../notebooks/06e_checkpoints.ipynb #c013g
+RUN_IDENTITY = ("task", "data", "model", "seed")  # what makes a run itself; the rest may change
+
+
+def run_identity(config: TrainConfig | dict, tokenizer: str | None = None) -> dict:
+    """What makes a run itself: the task, data, model and seed of `config`, a TrainConfig or
+    the configuration that a checkpoint or run.json recorded, and its tokenizer's fingerprint
+    where one is given (a checkpoint records it)."""
+    if isinstance(config, dict):
+        config = config_from_record({"model": {}, **config})  # any layout this code has written
+    identity = {k: v for k, v in asdict(config).items() if k in RUN_IDENTITY}
+    return identity if tokenizer is None else {**identity, "tokenizer": tokenizer}
+
+
+def identity_differences(theirs: dict, mine: dict) -> list[str]:
+    """Where two run identities differ, one setting each ("model.d_ff is 64, not 32"); a key
+    that only one of them records is not compared."""
+    said = []
+    for key in [k for k in theirs if k in mine]:
+        a, b = theirs[key], mine[key]
+        if isinstance(a, dict) and isinstance(b, dict):  # data and model: setting by setting
+            for k in dict.fromkeys([*a, *b]):
+                if a.get(k) != b.get(k):
+                    said.append(f"{key}.{k} is {a.get(k)}, not {b.get(k)}")
+        elif a != b:
+            said.append(f"{key} is {a}, not {b}")
+    return said
+
+
+def check_same_run(theirs: dict, mine: dict, *, what, than: str, fix: str) -> None:
+    """Refuse `what`, a file whose run identity is `theirs`, unless it is `mine`, the identity
+    of `than`: the one message for two runs mixed up. `fix` says what to do."""
+    differ = identity_differences(theirs, mine)
+    if differ:
+        raise TrainingError(
+            f"{what} was written by another run than {than}: its {'; its '.join(differ)}. {fix}"
+        )
+
+
 # %% ../../notebooks/06f_building_and_resuming.ipynb #c015f
-def run_differences(saved: dict, cfg: TrainConfig) -> list[str]:
-    """What makes a run itself (task, data, model, seed) on which a recorded configuration and
-    `cfg` differ: a run that differs there is another run, not the same one resumed."""
-    theirs, mine = asdict(config_from_record(saved)), asdict(cfg)
-    return [k for k in ("task", "data", "model", "seed") if theirs[k] != mine[k]]
-
-
 def check_run_folder(out: Path, cfg: TrainConfig, resume: bool, owner: bool) -> Path | None:
     """The checkpoint to resume from (or None); refuse to mix two runs in one folder. Only the
     `owner`, the process that holds the folder's lock, changes anything or says anything."""
@@ -107,12 +142,9 @@ def check_run_folder(out: Path, cfg: TrainConfig, resume: bool, owner: bool) -> 
         )
     run_file = out / "run.json"
     if run_file.exists():
-        differ = run_differences(read_json(run_file)["config"], cfg)
-        if differ:
-            raise TrainingError(
-                f"{out} holds a run with a different {', '.join(differ)}; resume it with its own "
-                f"configuration or choose another --out."
-            )
+        fix = "Resume it with its own configuration, or choose another --out."
+        check_same_run(run_identity(read_json(run_file)["config"]), run_identity(cfg),
+                       what=run_file, than="the one asked for", fix=fix)  # fmt: skip
     return existing[-1]
 
 

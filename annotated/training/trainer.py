@@ -30,7 +30,6 @@ from annotated.training.config import (
     checkpoint_due,
     micro_batches_per_process,
     out_of_time,
-    validate_config,
 )
 from annotated.training.distributed import (
     StopRequests,
@@ -41,14 +40,16 @@ from annotated.training.distributed import (
 from annotated.training.run_folder import (
     Progress,
     check_run_folder,
+    check_same_run,
     own_run_folder,
     record_run,
-    run_differences,
+    run_identity,
     run_summary,
 )
 
 from ..batching import PAD
-from ..errors import ConfigError, Preempted, TrainingError, out_of_memory
+from ..data.tokenizer import check_fingerprint
+from ..errors import Preempted, TrainingError, out_of_memory, refuse_broken
 from ..fast import make_fast
 from ..loss import FusedLabelSmoothing, LabelSmoothing
 from ..model import make_model
@@ -101,12 +102,11 @@ class Run:
 
 
 # %% ../../notebooks/06f_building_and_resuming.ipynb #c015b2
-def build_run(cfg: TrainConfig, world: int, device: torch.device) -> Run:
-    if cfg.task not in TASKS:
-        raise ConfigError(f"unknown task {cfg.task!r}; choose one of: {', '.join(sorted(TASKS))}")
-    task = TASKS[cfg.task](cfg)
-    accum = micro_batches_per_process(cfg, world)
-    task.per_step = world * accum  # micro-batches per optimiser step, all ranks
+def build_run(cfg: TrainConfig, world: int, device: torch.device, per_step: int = 0) -> Run:
+    """The run of `cfg` at step 0. `per_step`: micro-batches per optimiser step over all
+    processes; 0 = what the configuration asks for (a resumed run keeps its checkpoint's)."""
+    per_step = per_step or world * micro_batches_per_process(cfg, world)
+    task = TASKS[cfg.task](cfg, per_step)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = make_model(task.src_vocab, task.tgt_vocab, **asdict(cfg.model)).to(device)
     if cfg.fast:
@@ -121,39 +121,30 @@ def build_run(cfg: TrainConfig, world: int, device: torch.device) -> Run:
         fused=True if cfg.fused_adam else None,
     )
     loss = FusedLabelSmoothing if cfg.fast else LabelSmoothing
-    criterion = loss(task.tgt_vocab, PAD, cfg.optim.label_smoothing)
-    return Run(task, model, optimizer, scheduler, criterion, accum)
+    criterion = loss(task.tgt_vocab, PAD, cfg.loss.label_smoothing)
+    return Run(task, model, optimizer, scheduler, criterion, per_step // world)
 
 
 # %% ../../notebooks/06f_building_and_resuming.ipynb #c015b3
-def _resume(run: Run, path: Path | None, cfg: TrainConfig, rank: int, world: int) -> dict | None:
-    """Load the checkpoint at `path` into `run` -> its saved precision state (or None). With no
-    checkpoint, a fine-tuning run (`cfg.init`) starts from another run's weights (chapter 13)."""
-    if path is None:
+def _resume(run: Run, state: dict | None, path: Path | None, cfg: TrainConfig) -> dict | None:
+    """Load checkpoint `state`, read from `path`, into `run` -> its saved precision state (or
+    None). With none, a fine-tuning run (`cfg.init`) starts from another run's weights (ch. 13)."""
+    if state is None or path is None:
         if cfg.init:
             initial_weights(run.model, Path(cfg.init), cfg, run.task.tokenizer.fingerprint)
         return None
-    state = load_checkpoint(path)
-    per_step = resumed_micro_batches(state, path, run.task.per_step, rank, world)
-    run.accum, run.task.per_step = per_step // world, per_step
     if int(state["step"]) != checkpoint_step(path):
         raise TrainingError(
             f"{path} is named for step {checkpoint_step(path)} but holds step {state['step']}: "
             f"a renamed or copied file. Move it out of {path.parent}, then --resume again."
         )
-    differ = run_differences(state["config"], cfg) if isinstance(state.get("config"), dict) else []
-    if differ:
-        raise TrainingError(
-            f"{path} was written by another run: its {', '.join(differ)} differ from this "
-            f"run's. Move it out of {path.parent}, then --resume again."
-        )
-    fingerprint = run.task.tokenizer.fingerprint
-    if state["tokenizer"] != fingerprint:
-        raise TrainingError(
-            f"{path} was trained with tokenizer {state['tokenizer']}, but the task's tokenizer "
-            f"now is {fingerprint}: the same ids would mean other words. Restore the tokenizer "
-            f"the run started with, or start a new run in another --out."
-        )
+    if isinstance(state.get("config"), dict):
+        fix = f"Move it out of {path.parent}, then --resume again."
+        check_same_run(run_identity(state["config"]), run_identity(cfg),
+                       what=path, than="the one resumed", fix=fix)  # fmt: skip
+    fix = "Restore the tokenizer the run started with, or start a new run in another --out."
+    check_fingerprint(state["tokenizer"], run.task.tokenizer.fingerprint,
+                      what=f"{path} was trained", fix=fix)  # fmt: skip
     load_weights(run.model, state["model"], path)
     optimizer, scheduler = run.optimizer, run.scheduler
     optimizer.load_state_dict(state["optimizer"])
@@ -165,6 +156,18 @@ def _resume(run: Run, path: Path | None, cfg: TrainConfig, rank: int, world: int
     run.seconds = float(state.get("seconds", 0.0))
     restore_rng_state(state["rng"])
     return state.get("precision")
+
+
+def _start(cfg: TrainConfig, out: Path, resume: bool, rank: int, world: int, device):
+    """The run, built and resumed from the folder's last checkpoint when there is one ->
+    (run, the saved precision state or None)."""
+    path = check_run_folder(out, cfg, resume, owner=rank == 0)
+    state = load_checkpoint(path) if path else None
+    per_step = world * micro_batches_per_process(cfg, world)
+    if state is not None and path is not None:  # its step's micro-batches, kept (chapter 6e)
+        per_step = resumed_micro_batches(state, path, per_step, rank, world)
+    run = build_run(cfg, world, device, per_step)
+    return run, _resume(run, state, path, cfg)
 
 
 # %% ../../notebooks/06g_processes_and_batches.ipynb #c015c
@@ -204,7 +207,7 @@ def run_batches(run: Run, rank: int, device, last: int) -> Prefetcher:
 def _checkpoint(out: Path, run: Run, cfg: TrainConfig, world: int) -> Path:
     if not all_finite(run.model):  # never checkpoint a broken state
         raise diverged(out, run.step, "its update left inf or NaN in the weights")
-    data = {"task": cfg.task, "next_step": run.step, "micro_batches_per_step": run.task.per_step}
+    data = {"task": cfg.task, "next_step": run.step, "micro_batches_per_step": run.accum * world}
     state = {
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
@@ -249,7 +252,7 @@ def train(
 
     `command`, if given, is recorded in run.json (the command line uses it for provenance);
     `tensorboard`, a folder, receives the logged curves for TensorBoard too (chapter 13)."""
-    validate_config(cfg)
+    refuse_broken([(not cfg.init or Path(cfg.init).is_file(), "init", "must name a checkpoint")])
     rank, world, device = setup_distributed()
     out = Path(out_dir)
     lock = own_run_folder(out, rank, world, device)  # one trainer per folder
@@ -278,9 +281,7 @@ def _train_locked(
     stop: StopRequests,
     board: str | None,
 ) -> dict:
-    resume_from = check_run_folder(out, cfg, resume, owner=rank == 0)
-    run = build_run(cfg, world, device)
-    saved = _resume(run, resume_from, cfg, rank, world)
+    run, saved = _start(cfg, out, resume, rank, world, device)
     precision = run.precision = run_precision(cfg, run, device, world, saved)
     if rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -315,7 +316,7 @@ def _train_locked(
     except (KeyboardInterrupt, RuntimeError) as e:  # Ctrl-C, or a micro-batch too large
         if not isinstance(e, KeyboardInterrupt) and not out_of_memory(e):
             raise
-        raise ended_early(out, run.step, cfg.optim.max_tokens, e) from None
+        raise ended_early(out, run.step, cfg.batch.max_tokens, e) from None
     finally:
         batches.close()
         log.close()

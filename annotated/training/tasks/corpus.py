@@ -40,25 +40,18 @@ class CorpusTask:
     """A task whose examples are the pairs of `corpus` (anything with `lengths()` and
     `pair(i)`). Micro-batch g = step * per_step + index, counted through the epochs."""
 
-    def __init__(self, cfg: TrainConfig, tokenizer, corpus):
-        self.cfg, self.per_step = cfg, 1
+    def __init__(self, cfg: TrainConfig, per_step: int, tokenizer, corpus):
+        self.cfg, self.per_step = cfg, per_step
         self.tokenizer, self.corpus = tokenizer, corpus
         self.src_vocab = self.tgt_vocab = tokenizer.vocab_size
         self.lengths = corpus.lengths() + [1, 2]  # </s> after a source; <s> ... </s>
-        self._sampler: BucketSampler | None = None
+        b = cfg.batch  # a micro-batch's share of the step's tokens, or max_tokens
+        budget = math.ceil(b.tokens_per_step / per_step) if b.tokens_per_step else b.max_tokens
+        self.sampler = BucketSampler(
+            self.lengths, budget, b.max_tokens, max_len=cfg.model.max_len, seed=cfg.seed
+        )
         self._sizes: list[int] = []  # micro-batches in each epoch met so far
         self._epoch: tuple[int, list[np.ndarray]] = (-1, [])
-
-    @property
-    def sampler(self) -> BucketSampler:  # built at first use: the trainer sets per_step first
-        if self._sampler is None:
-            o, seed, max_len = self.cfg.optim, self.cfg.seed, self.cfg.model.max_len
-            step = o.tokens_per_step
-            budget = math.ceil(step / self.per_step) if step else o.max_tokens
-            self._sampler = BucketSampler(
-                self.lengths, budget, o.max_tokens, max_len=max_len, seed=seed
-            )
-        return self._sampler
 
     def epoch(self, e: int) -> list[np.ndarray]:
         if self._epoch[0] != e:  # one epoch is kept: the batches of 4.5M pairs take seconds

@@ -1,0 +1,114 @@
+"""One owner of checkpoints (chapter 6e): their names, their one reader, run identity; and the
+one tokenizer check (chapter 8) that every pairing of ids with a tokenizer goes through."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated.cli import translate as translate_cli
+from annotated.data.tokenizer import TokenizerMismatch, check_fingerprint
+from annotated.errors import DataError, TrainingError
+from annotated.evaluation.averaging import average_checkpoints
+from annotated.training.checkpoints import (
+    CHECKPOINT_NAME,
+    checkpoint_name,
+    checkpoint_paths,
+    checkpoint_step,
+    load_checkpoint,
+    save_checkpoint,
+)
+from annotated.training.registry import build_config
+from annotated.training.run_folder import check_same_run, identity_differences, run_identity
+from annotated.training.trainer import train
+
+TINY = ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "data.batch_sentences=8"]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[Path, Path]:
+    """Two tiny copy-task runs, alike but for their seed, with checkpoints at steps 1 and 2."""
+    runs = tmp_path_factory.mktemp("runs")
+    for seed in (0, 1):
+        cfg = build_config("copy", [*TINY, "max_steps=2", "checkpoint_every=1", f"seed={seed}"])
+        train(cfg, runs / f"seed{seed}", progress=False, command="test")
+    return runs / "seed0", runs / "seed1"
+
+
+def test_checkpoint_names_round_trip(tmp_path):
+    for step in (0, 1, 7, 300_000, 99_999_999):
+        name = checkpoint_name(step)
+        assert CHECKPOINT_NAME.fullmatch(name) and checkpoint_step(Path(name)) == step
+    assert checkpoint_name(7) == "ckpt_00000007.pt"
+    written = save_checkpoint(tmp_path, {"step": 42, "model": {}}, keep_last=2)
+    assert written == tmp_path / "checkpoints" / checkpoint_name(42)
+    assert [checkpoint_step(p) for p in checkpoint_paths(tmp_path)] == [42]
+
+
+def test_a_damaged_checkpoint_gets_one_message_from_every_reader(two_runs, tmp_path):
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    for path in checkpoint_paths(two_runs[0]):
+        (folder / path.name).write_bytes(path.read_bytes())
+    newest = folder / checkpoint_name(2)
+    newest.write_bytes(newest.read_bytes()[:100])
+    with pytest.raises(TrainingError) as read:
+        load_checkpoint(newest)
+    with pytest.raises(TrainingError) as averaged:
+        average_checkpoints([folder / checkpoint_name(1), newest])
+    assert str(read.value) == str(averaged.value)
+    assert str(read.value).startswith(f"checkpoint {newest} cannot be read: ")
+    assert str(read.value).endswith(
+        "; move it out of its folder, then resume from ckpt_00000001.pt, or average without it."
+    )
+
+
+def test_averaging_refuses_a_checkpoint_of_another_run(two_runs, monkeypatch, capsys):
+    mine, theirs = (checkpoint_paths(run)[-1] for run in two_runs)
+    with pytest.raises(TrainingError) as refused:
+        average_checkpoints([mine, theirs])
+    assert str(refused.value) == (
+        f"{theirs} was written by another run than {mine}: its seed is 1, not 0. Average only "
+        f"checkpoints of one run."
+    )
+    average_checkpoints(checkpoint_paths(two_runs[0]))  # one run: averaged
+    monkeypatch.setattr(sys, "stdin", open("/dev/null"))
+    assert translate_cli.main(["--checkpoint", str(mine), str(theirs)]) == 2  # an expected error
+    assert "was written by another run than" in capsys.readouterr().err
+
+
+def test_run_identity_is_task_data_model_seed_and_the_tokenizer_where_recorded(two_runs):
+    state = load_checkpoint(checkpoint_paths(two_runs[0])[-1])
+    recorded = run_identity(state["config"], state["tokenizer"])
+    assert set(recorded) == {"task", "data", "model", "seed", "tokenizer"}
+    longer = build_config("copy", [*TINY, "max_steps=500", "checkpoint_every=7"])
+    assert identity_differences(recorded, run_identity(longer)) == []  # not its length: resumable
+    wider = run_identity(build_config("copy", [*TINY, "model.d_ff=64", "seed=3"]), "ids-99")
+    assert identity_differences(recorded, wider) == [
+        "model.d_ff is 32, not 64",
+        "seed is 0, not 3",
+        f"tokenizer is {state['tokenizer']}, not ids-99",
+    ]
+    with pytest.raises(TrainingError, match=r"^x\.pt was written by another run than y: its "):
+        check_same_run(recorded, wider, what="x.pt", than="y", fix="Fix it.")
+    check_same_run(recorded, run_identity(longer), what="x.pt", than="y", fix="")  # the same run
+
+
+def test_the_tokenizer_check_has_one_error_and_one_wording():
+    check_fingerprint("ids-13", "ids-13", what="unused", fix="unused")  # equal: nothing to say
+    with pytest.raises(TokenizerMismatch) as err:
+        check_fingerprint("ids-13", "ids-99", what="ckpt.pt was trained", fix="Use ids-13.")
+    assert isinstance(err.value, DataError) and isinstance(err.value, TrainingError)
+    assert str(err.value) == (
+        "ckpt.pt was trained with tokenizer ids-13, but the tokenizer in use is ids-99: the same "
+        "ids would mean other words. Use ids-13."
+    )
+
+
+def test_averaging_still_reads_plain_state_dicts(tmp_path):
+    weights = {"w": torch.ones(2)}
+    torch.save(weights, tmp_path / "plain.pt")
+    torch.save({"model": {"w": torch.zeros(2)}, "step": 3}, tmp_path / "wrapped.pt")
+    avg = average_checkpoints([tmp_path / "plain.pt", tmp_path / "wrapped.pt"])
+    torch.testing.assert_close(avg["w"], torch.full((2,), 0.5))

@@ -1,0 +1,159 @@
+"""Appendix A3's epilogue: every command line ends through `run_command`, which turns each way
+of stopping early into one paragraph on standard error and an exit code: 2 for an error the
+reader can fix, 75 for a run that saved its step when asked to stop, 130 for Ctrl-C. A bug keeps
+its traceback."""
+
+import errno
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from annotated.cli import ablate, bleu, evaluate, export, prepare, translate
+from annotated.cli import train as train_cli
+from annotated.cli.epilogue import Epilogue, run_command
+from annotated.errors import ConfigError, Preempted, TrainingError
+
+END = Epilogue(
+    interrupted="nothing was written; run the same command again",
+    kept="the checkpoints in runs/x are intact",
+    writes="into runs/x",
+    folders="--out for the run",
+    memory="use a smaller --beam",
+)
+GPU_FULL = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15 GiB"
+
+
+def raising(error: BaseException):
+    def body(*args, **kwargs):
+        raise error
+
+    return body
+
+
+def ended(capsys, body, end: Epilogue = END) -> tuple[int, str]:
+    """The exit code and the paragraph: one line on standard error, no traceback."""
+    code = run_command(body, end)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return code, err.strip()
+
+
+@pytest.mark.parametrize(
+    "error, code, says",
+    [
+        (ConfigError("max_steps=0: it must be at least 1."), 2, "error: max_steps=0: it must"),
+        (Preempted("stopped by SIGTERM at step 7, after saving it."), 75, "stopped: stopped by"),
+        (KeyboardInterrupt(), 130, "interrupted: nothing was written; run the same command again."),
+        (
+            torch.OutOfMemoryError(GPU_FULL),
+            2,
+            "error: the GPU ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB). "
+            "Use a smaller --beam, then run the same command again.",
+        ),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory"), 2, "this machine ran out"),
+        (
+            OSError(errno.ENOSPC, "No space left on device"),  # a write names no file
+            2,
+            "error: could not write into runs/x: No space left on device. The checkpoints in "
+            "runs/x are intact; free some space, then run the same command again.",
+        ),
+        (
+            PermissionError(errno.EACCES, "Permission denied", "runs/x/log"),
+            2,
+            "could not write runs/x/log: Permission denied. The checkpoints in runs/x are "
+            "intact; make that folder writable, or choose another (--out for the run), then",
+        ),
+    ],
+)
+def test_each_way_of_stopping_early_has_its_code_and_one_paragraph(capsys, error, code, says):
+    got, err = ended(capsys, raising(error))
+    assert got == code and says in err, (got, err)
+
+
+def test_a_bug_keeps_its_traceback(capsys):
+    for bug in (ZeroDivisionError("a bug"), RuntimeError("a bug"), ValueError("a bug")):
+        with pytest.raises(type(bug), match="a bug"):
+            run_command(raising(bug), END)
+    lost = RuntimeError("[gloo] Connection closed by peer")  # a peer, but no process group
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        run_command(raising(lost), replace(END, peers=True))
+    assert capsys.readouterr().err == ""
+
+
+def test_a_command_names_more_errors_as_the_readers_to_fix(capsys):
+    long_line = ValueError("translate: line 3 has 700 tokens; this model translates at most 461")
+    too_long = replace(END, expected=(ValueError,))
+    assert ended(capsys, raising(long_line), too_long) == (2, f"error: {long_line}")
+    exporting = replace(too_long, task="export to served/ct2")
+    code, err = ended(capsys, raising(ValueError("int3 is not a valid type")), exporting)
+    assert (code, err) == (2, "error: could not export to served/ct2: int3 is not a valid type")
+    code, err = ended(capsys, raising(ConfigError("--to onnx x: x exists")), exporting)
+    assert err == "error: --to onnx x: x exists"  # an expected error already says where
+
+
+def test_ctrl_c_in_a_lower_layers_words_still_exits_130(capsys):
+    """The trainer catches Ctrl-C to name the last checkpoint; the code stays Ctrl-C's."""
+
+    def training():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise TrainingError("interrupted at step 3; the last checkpoint is c3.pt.") from None
+
+    sweep = replace(END, stopped="of the sweep, the rows already scored are kept")
+    code, err = ended(capsys, training, sweep)
+    assert code == 130, err
+    assert err == (
+        "stopped: interrupted at step 3; the last checkpoint is c3.pt. "
+        "Of the sweep, the rows already scored are kept."
+    )
+
+
+def test_a_peer_that_died_is_reported_and_the_process_group_closed(tmp_path, capsys):
+    store = f"file://{tmp_path / 'store'}"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    try:
+        lost = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer\n...")
+        code, err = ended(capsys, raising(lost), replace(END, peers=True, again="--resume"))
+        closed = not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert code == 2 and closed, err
+    assert err.startswith("error: another process of this run stopped ([../gloo/"), err
+    assert "The checkpoints in runs/x are intact; find the cause" in err and "..." not in err
+
+
+@pytest.mark.parametrize("command", ["train", "translate", "evaluate", "bleu", "ablate",
+                                     "prepare", "export"])  # fmt: skip
+@pytest.mark.parametrize(
+    "error, code, says",
+    [
+        (KeyboardInterrupt(), 130, "interrupted: "),
+        (TrainingError("what went wrong, where, and what to do"), 2, "error: what went wrong"),
+    ],
+)
+def test_every_command_ends_through_the_epilogue(
+    command, error, code, says, tmp_path, monkeypatch, capsys
+):
+    """Each command's work stopped at its first call into a chapter's code."""
+    pair = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    for path in pair:
+        path.write_text("3 4 5\n")
+    module, work, argv = {
+        "train": (train_cli, "train", ["--config", "copy", "--out", tmp_path / "run"]),
+        "translate": (translate, "load_model", ["--checkpoint", tmp_path / "c.pt"]),
+        "evaluate": (evaluate, "evaluate_run", ["--run", tmp_path, "--device", "cpu"]),
+        "bleu": (bleu, "score_translations", ["--hyp", pair[0], "--ref", pair[1]]),
+        "ablate": (ablate, "run_variation", ["--runs", tmp_path / "r", "--results", tmp_path]),
+        "prepare": (prepare, "prepare_parallel",
+                    ["--src", pair[0], "--tgt", pair[1], "--out", tmp_path / "data"]),
+        "export": (export, "load_model",
+                   ["--checkpoint", tmp_path / "c.pt", "--to", "onnx", tmp_path / "served"]),
+    }[command]  # fmt: skip
+    monkeypatch.setattr(module, work, raising(error))
+    assert module.main([str(a) for a in argv]) == code
+    err = capsys.readouterr().err
+    assert err.startswith(says) and err.count("\n") == 1 and "Traceback" not in err, err

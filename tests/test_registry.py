@@ -1,0 +1,147 @@
+"""The registry (chapter 6d): every named configuration in one table, each task found by the name
+of its module and imported only then, and each configuration rule with one message."""
+
+import json
+import random
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from annotated.errors import ConfigError
+from annotated.model import make_model
+from annotated.multihead import MultiHeadedAttention
+from annotated.training.registry import CONFIGS, TASKS, build_config, config_from_record
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+
+
+def test_adding_a_task_takes_one_module_and_one_row(tmp_path, monkeypatch):
+    """tests/tiny_tasks/reverse.py and one row: it builds, trains, is read back and translates."""
+    from tiny_tasks.reverse import ReverseData
+
+    from annotated.evaluation.translation import load_model, translate
+    from annotated.training.checkpoints import checkpoint_paths
+    from annotated.training.trainer import train
+
+    row = {"task": "tiny_tasks.reverse", "data.longest": 4, "max_steps": 400}
+    monkeypatch.setitem(CONFIGS, "reverse", ("copy", {**row, "checkpoint_every": 0}))
+    cfg = build_config("reverse", ["data.vocab=9", "log_every=25"])
+    assert isinstance(cfg.data, ReverseData) and (cfg.data.vocab, cfg.data.longest) == (9, 4)
+    assert cfg.data.batch_sentences == ReverseData.batch_sentences  # not the copy row's data
+    assert cfg.model.N == build_config("copy").model.N  # the base row's model
+    assert TASKS["tiny_tasks.reverse"].__name__ == "ReverseTask"  # found by its module
+    train(cfg, tmp_path / "run", progress=False)
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert losses[-1] < 0.25 * losses[0]
+    model, tokenizer, read = load_model(checkpoint_paths(tmp_path / "run")[-1:])
+    assert read == cfg  # the record names the task's module, and it is found again
+    r = random.Random(1)
+    inputs = [" ".join(str(r.randint(3, 8)) for _ in range(r.randint(1, 4))) for _ in range(40)]
+    outputs = translate(model, tokenizer, inputs, beam_size=1, progress=False)
+    reversed_ = sum(o.split() == s.split()[::-1] for s, o in zip(inputs, outputs))
+    assert reversed_ >= 20, outputs  # 33 to 38 of 40 on the CPUs tried
+
+
+def test_every_row_builds_once_and_reads_back_from_its_record():
+    for name, (base, _) in CONFIGS.items():
+        assert not base or base in CONFIGS, name
+        cfg = build_config(name)
+        record = json.loads(json.dumps(asdict(cfg)))
+        assert config_from_record(record) == cfg, name
+        # the layout before the batch and the loss had parts of their own: inside `optim`
+        older = {k: v for k, v in record.items() if k not in ("batch", "loss")}
+        older["optim"] = {**record["optim"], **record["batch"], **record["loss"]}
+        assert config_from_record(older) == cfg, name
+
+
+def test_a_row_of_another_task_starts_its_data_afresh():
+    parallel, cpu = build_config("parallel"), build_config("multi30k-cpu")
+    assert parallel.model == cpu.model and parallel.optim == cpu.optim
+    assert asdict(parallel.data) == {"path": ""}  # nothing of Multi30k's data settings
+
+
+def test_the_heads_rule_has_one_message_wherever_it_is_met():
+    messages = []
+    for make in (
+        lambda: MultiHeadedAttention(5, 64),
+        lambda: make_model(10, 10, d_model=64, h=5),
+        lambda: build_config("copy", ["model.h=5"]),
+    ):
+        with pytest.raises(ConfigError) as e:
+            make()
+        messages.append(str(e.value))
+    assert len(set(messages)) == 1 and "model.h" in messages[0], messages
+
+
+def test_a_bad_value_is_refused_when_the_configuration_is_built():
+    for override, key in [
+        ("batch.accum=0", "batch.accum"),
+        ("optim.warmup=0", "optim.warmup"),
+        ("loss.label_smoothing=1", "loss.label_smoothing"),
+        ("model.dropout=1", "model.dropout"),
+        ("max_minutes=-1", "max_minutes"),
+    ]:
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            build_config("copy", [override])
+    with pytest.raises(ConfigError, match="did you mean batch.max_tokens"):
+        build_config("copy", ["optim.max_tokens=100"])  # the key before batching had its part
+    with pytest.raises(ConfigError, match="task is fixed"):
+        build_config("copy", ["task=wmt14"])
+
+
+def test_an_unknown_task_is_refused_with_the_known_ones():
+    for name in ("nosuchtask", "os", "tiny_tasks.nosuch", "../etc"):
+        with pytest.raises(ConfigError, match="copy, multi30k, wmt14, parallel"):
+            TASKS[name]
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory):
+    from annotated.training.trainer import train
+
+    out = tmp_path_factory.mktemp("copy") / "run"
+    train(build_config("copy", ["max_steps=2", "checkpoint_every=2"]), out, progress=False)
+    return out
+
+
+def imported(code: str) -> list[str]:
+    """The package's modules that `code` imports, in a fresh interpreter."""
+    show = "import sys, json; print(json.dumps(sorted(m for m in sys.modules if 'annotated' in m)))"
+    r = subprocess.run(
+        [sys.executable, "-c", f"{code}\n{show}"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "what, code",
+    [
+        (
+            "reading a run folder",
+            "from annotated.evaluation.runs import read_run\nread_run({run!r})",
+        ),
+        (
+            "loading a model for translate",
+            "from annotated.evaluation.translation import load_model\n"
+            "from annotated.training.checkpoints import checkpoint_paths\n"
+            "load_model(checkpoint_paths(__import__('pathlib').Path({run!r}))[-1:])",
+        ),
+        (
+            "building a configuration",
+            "from annotated.training.registry import build_config\nbuild_config('copy')",
+        ),
+    ],
+)
+def test_a_copy_run_imports_nothing_of_the_other_tasks(copy_run, what, code):
+    modules = imported(code.format(run=str(copy_run)))
+    print(f"{what}: {len(modules)} modules of the package")
+    others = [m for m in modules if m.split(".")[-1] in ("multi30k", "wmt14", "parallel")]
+    assert not others, f"{what} imported {others}"
+    data = ("archives", "cleaning", "download", "encoded", "parallel", "preparation", "published")
+    assert not [m for m in modules if m.startswith("annotated.cli") or m.split(".")[-1] in data]
+    assert "annotated.training.trainer" not in modules
