@@ -42,8 +42,9 @@ DESCRIBE = "import sys, json; sys.path.insert(0, 'benchmarks'); import machine; 
 )
 
 
-def run_kind(name: str, minutes: float, runs: Path, results: Path) -> dict:
-    """Train, evaluate and describe the CPU under one kind's kernels; return the summary row."""
+def run_kind(name: str, minutes: float, runs: Path, results: Path, limit: int = 0) -> dict:
+    """Train, evaluate and describe the CPU under one kind's kernels; return the summary row.
+    `limit`: score only the first sentences of each test set (0: all of them)."""
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY",
                                                              "ONEDNN_MAX_CPU_ISA")}  # fmt: skip
     env.update(KINDS[name])
@@ -54,7 +55,7 @@ def run_kind(name: str, minutes: float, runs: Path, results: Path) -> dict:
     train = [sys.executable, "-m", "annotated.cli.train", "--config", "multi30k-cpu", "--set",
              f"max_minutes={minutes:g}", "--out", str(out), "--no-progress"]  # fmt: skip
     evaluate = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(out), "--results",
-                str(res)]  # fmt: skip
+                str(res), *(["--limit", str(limit)] if limit else [])]  # fmt: skip
     rates = [matmul_rate("cpu") / 1e12]  # the host's speed before and after the training
     subprocess.run(train, env=env, cwd=ROOT, check=True)
     rates.append(matmul_rate("cpu") / 1e12)
@@ -78,6 +79,7 @@ def run_kind(name: str, minutes: float, runs: Path, results: Path) -> dict:
         "precision": record["training"]["precision"],
         "steps": record["training"]["steps"],
         "training_seconds": record["training"]["seconds"],
+        "test2016_sentences": limit or "all",
         "test2016_sacrebleu": test["sacrebleu"],
         "test2016_tokenized_lowercased_bleu": test["tokenized_lowercased_bleu"],
         "results": str(res),
@@ -92,6 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", default="native,avx512,avx2", help="comma-separated: " +
                     ", ".join(KINDS))  # fmt: skip
     ap.add_argument("--minutes", type=float, default=5.0, help="training time of each run")
+    ap.add_argument("--limit", type=int, default=0, help="score the first N test sentences only")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "cpu-profile-by-kind")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "cpu-profile-by-kind")
     args = ap.parse_args(argv)
@@ -109,7 +112,8 @@ def main(argv=None) -> int:
     report["kinds"] = {}
     args.results.mkdir(parents=True, exist_ok=True)
     for name in kinds:
-        report["kinds"][name] = row = run_kind(name, args.minutes, args.runs, args.results)
+        row = run_kind(name, args.minutes, args.runs, args.results, args.limit)
+        report["kinds"][name] = row
         print(f"{row['kind']}: {row['precision']}, {row['steps']:,} steps in {args.minutes:g} "
               f"minutes, test2016 {row['test2016_sacrebleu']:.2f} sacreBLEU")  # fmt: skip
         rates = [r for k in report["kinds"].values() for r in k["matmul_tflops_before_after"]]

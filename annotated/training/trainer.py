@@ -252,7 +252,8 @@ def train(
 
     `command`, if given, is recorded in run.json (the command line uses it for provenance);
     `tensorboard`, a folder, receives the logged curves for TensorBoard too (chapter 13)."""
-    refuse_broken([(not cfg.init or Path(cfg.init).is_file(), "init", "must name a checkpoint")])
+    init = not cfg.init or Path(cfg.init).is_file()  # a file: looked for now, not when built
+    refuse_broken([(init, "init", "must name a checkpoint file")])
     rank, world, device = setup_distributed()
     out = Path(out_dir)
     lock = own_run_folder(out, rank, world, device)  # one trainer per folder
