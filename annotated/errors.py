@@ -7,6 +7,7 @@ __all__ = [
     "TrainingError",
     "DataError",
     "ChecksumError",
+    "Diverged",
     "Preempted",
     "refuse_broken",
     "out_of_memory",
@@ -35,6 +36,14 @@ class DataError(ExpectedError, ValueError):
 
 class ChecksumError(DataError):
     """A file's SHA-256 is not the one published for it."""
+
+
+class Diverged(TrainingError):
+    """A run whose loss or weights stopped being finite at `step`: nothing of it was saved."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
 
 
 class Preempted(TrainingError):

@@ -89,3 +89,62 @@ def test_a_row_stopped_half_way_continues_from_its_checkpoint(tmp_path):
     record = json.loads((tmp_path / "runs" / "base" / "run.json").read_text())
     assert row["steps"] == 4 and record["from_step"] == 2, record
     assert (tmp_path / "results" / "base.json").exists()
+
+
+def test_the_warmup_grid_reaches_the_peaks_its_names_give():
+    """Each warm-up row peaks, at the end of its warm-up, at `times` the peak of the paper's
+    schedule for width 128 (warm-up 4,000), with the arrangement and depth its name gives."""
+    from annotated.experiments.table3 import ROWS, WARMUP
+    from annotated.schedule import rate
+
+    paper_peak = rate(4000, 128)  # lr_factor 1, warm-up 4,000: section 5.3 at this width
+    assert GRIDS["warmup"] == list(WARMUP) and set(WARMUP) <= set(ROWS)
+    assert len(WARMUP) == len(set(map(tuple, WARMUP.values())))  # no row twice
+    for name, overrides in WARMUP.items():
+        norm, depth, times, warmup = name.split()
+        cfg = build_config(BASE, overrides)
+        assert cfg.model.norm_first == (norm == "pre") and f"N={cfg.model.N}" == depth
+        assert f"w{cfg.optim.warmup}" == warmup
+        peak = rate(cfg.optim.warmup, cfg.model.d_model, cfg.optim.lr_factor, cfg.optim.warmup)
+        assert peak == pytest.approx(float(times[1:]) * paper_peak, rel=1e-5)
+        before = rate(cfg.optim.warmup - 1, 128, cfg.optim.lr_factor, cfg.optim.warmup)
+        after = rate(cfg.optim.warmup + 1, 128, cfg.optim.lr_factor, cfg.optim.warmup)
+        assert before < peak and after < peak  # the peak is where the warm-up ends
+
+
+def test_parts_share_a_grid_between_processes(monkeypatch, tmp_path):
+    """--part K/N: N processes train every row of the grid once between them."""
+    from annotated.cli import ablate as cli
+
+    trained = []
+
+    def fake_run(name, **options):
+        trained.append(name)
+        return {"perplexity": 1.0, "bleu": 0.0}
+
+    monkeypatch.setattr(cli, "run_variation", fake_run)
+    folders = ["--runs", str(tmp_path / "r"), "--results", str(tmp_path / "s")]
+    parts = []
+    for k in (1, 2, 3):
+        trained.clear()
+        assert cli.main(["--grid", "warmup", "--part", f"{k}/3", *folders]) == 0
+        parts.append(list(trained))
+    assert sorted(sum(parts, [])) == sorted(GRIDS["warmup"])  # each row once
+    assert all(abs(len(a) - len(b)) <= 1 for a in parts for b in parts)
+    for bad in ("0/2", "3/2", "1/0", "one"):
+        r = ablate("--grid", "warmup", "--part", bad, *folders)
+        assert r.returncode == 2 and "--part" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_row_that_diverges_is_a_result_not_a_crash(tmp_path):
+    """A learning rate a million times too large makes the loss non-finite within a few steps:
+    the row is recorded with the step where it diverged, unscored, and not trained again."""
+    from annotated.experiments.table3 import run_variation
+
+    options = dict(config=BASE, steps=6, runs=tmp_path / "runs", results=tmp_path / "results")
+    common = ["precision=fp32", "optim.lr_factor=1e6", "optim.warmup=1"]
+    row = run_variation("base", sentences=3, common=common, **options)
+    assert 1 <= row["diverged_at"] <= 6 and row["bleu"] is None and row["perplexity"] is None
+    saved = (tmp_path / "results" / "base.json").read_text()
+    assert json.loads(saved)["diverged_at"] == row["diverged_at"]
+    assert run_variation("base", sentences=3, common=common, **options) == row

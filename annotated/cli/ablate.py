@@ -6,6 +6,7 @@ __all__ = ["main"]
 # %% ../../notebooks/A3_command_lines.ipynb #cli-ablate-c009c
 # `python -m annotated.cli.ablate`: train and score the rows of Table 3 on Multi30k (chapter 9d).
 import argparse
+import re
 import sys
 
 from ..experiments.table3 import GRIDS, run_variation
@@ -24,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", required=True, help="folder for one JSON file per row")
     ap.add_argument("--dev-sentences", type=int, help="BLEU on the first N pairs (default all)")
     ap.add_argument(
+        "--part",
+        default="1/1",
+        metavar="K/N",
+        help="train every N-th row from the K-th, so N processes share a grid (default 1/1)",
+    )
+    ap.add_argument(
         "--set",
         action="append",
         default=[],
@@ -33,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 1 or (args.dev_sentences is not None and args.dev_sentences < 1):
         ap.error("--steps and --dev-sentences must be at least 1")
+    part = re.fullmatch(r"([1-9]\d*)/([1-9]\d*)", args.part)
+    if not part or int(part[1]) > int(part[2]):
+        ap.error(f"--part {args.part}: give K/N with 1 <= K <= N, e.g. 2/2 for the second of two")
+    args.rows = GRIDS[args.grid][int(part[1]) - 1 :: int(part[2])]
     kept = "the rows already scored are kept in --results, and a row stopped half-way resumes "
     kept += "from its last checkpoint"
     again = "run the same command again to continue"
@@ -48,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _sweep(args) -> None:
-    for name in GRIDS[args.grid]:
+    for name in args.rows:
         r = run_variation(
             name,
             config=args.config,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import TrainingError
+from ..errors import Diverged, TrainingError
 from ..files import atomic_path
 
 # %% ../../notebooks/06e_checkpoints.ipynb #c013b
@@ -188,14 +188,15 @@ def all_finite(model: torch.nn.Module) -> bool:
 
 
 # %% ../../notebooks/06e_checkpoints.ipynb #c013d2
-def diverged(out: Path, step: int, what: str) -> TrainingError:
+def diverged(out: Path, step: int, what: str) -> Diverged:
     """The error for a run whose loss or weights stopped being finite, naming what is left."""
     good = checkpoint_paths(out)
     last = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint was written"
-    return TrainingError(
+    return Diverged(
         f"the run diverged at step {step}: {what}. Nothing was saved for it; {last}. "
         f"Lower optim.lr_factor or raise optim.warmup (--set ...), then --resume from it "
-        f"or restart."
+        f"or restart.",
+        step,
     )
 
 
