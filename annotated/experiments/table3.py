@@ -83,9 +83,15 @@ def dev_scores(run_dir, *, sentences: int | None = None, beam_size: int = 4) -> 
         total += loss_on_batch(model, batch, nll).item()
         tokens += batch.ntokens
     scored = pairs[:sentences] if sentences else pairs
-    bleu = score(model, tokenizer, scored, beam_size=beam_size, alpha=0.6)["sacrebleu"]
+    result = score(model, tokenizer, scored, beam_size=beam_size, alpha=0.6)
+    samples = [[*pair, hyp] for pair, hyp in zip(scored[:3], result["translations"])]
     parameters = sum(p.numel() for p in model.parameters())
-    return {"perplexity": math.exp(total / tokens), "bleu": bleu, "parameters": parameters}
+    return {
+        "perplexity": math.exp(total / tokens),
+        "bleu": result["sacrebleu"],
+        "parameters": parameters,
+        "samples": samples,  # the first three: [source, reference, translation]
+    }
 
 
 # %% ../../notebooks/09d_ablations.ipynb #c009
