@@ -145,3 +145,28 @@ def test_a_copy_run_imports_nothing_of_the_other_tasks(copy_run, what, code):
     data = ("archives", "cleaning", "download", "encoded", "parallel", "preparation", "published")
     assert not [m for m in modules if m.startswith("annotated.cli") or m.split(".")[-1] in data]
     assert "annotated.training.trainer" not in modules
+
+
+def test_every_model_the_book_trains_is_the_papers_post_norm_arrangement():
+    """Every named configuration puts the normalisation after each residual addition, as the
+    paper does; pre-norm is one setting away (--set model.norm_first=true), never a default."""
+    for name in CONFIGS:
+        assert build_config(name).model.norm_first is False, name
+    assert build_config("multi30k-cpu", ["model.norm_first=true"]).model.norm_first is True
+
+
+def test_the_gpu_profile_is_the_papers_model_and_schedule():
+    """multi30k (chapter 9): the base model and section 5.3's schedule (warm-up 4,000 to a peak
+    of 7.0e-4 at width 512) with two changes for a small corpus, dropout 0.3 and fairseq's IWSLT
+    batches of 4,096 tokens; only the task's own limits differ beside them."""
+    from dataclasses import replace
+
+    from annotated.model import ModelConfig
+    from annotated.schedule import rate
+    from annotated.training.config import OptimConfig
+
+    cfg = build_config("multi30k")
+    assert cfg.model == replace(ModelConfig(), dropout=0.3, max_len=256)
+    assert cfg.optim == OptimConfig() and (cfg.optim.lr_factor, cfg.optim.warmup) == (1.0, 4000)
+    assert rate(4000, cfg.model.d_model) == pytest.approx(7.0e-4, rel=0.01)
+    assert cfg.batch.max_tokens == 4096 and cfg.loss.label_smoothing == 0.1
