@@ -44,7 +44,8 @@ def ablate(*args):
 def test_the_ci_grid_trains_scores_and_resumes(tmp_path):
     options = ["--grid", "ci", "--steps", 3, "--dev-sentences", 5]
     options += ["--runs", tmp_path / "runs", "--results", tmp_path / "results"]
-    first = ablate(*options, "--set", "precision=fp32")
+    options += ["--set", "precision=fp32"]
+    first = ablate(*options)
     assert first.returncode == 0, first.stderr[-3000:]
     files = sorted((tmp_path / "results").glob("*.json"))
     assert [f.name for f in files] == ["a-h-1.json", "base.json", "d-smoothing-0.json"]
@@ -148,3 +149,17 @@ def test_a_row_that_diverges_is_a_result_not_a_crash(tmp_path):
     saved = (tmp_path / "results" / "base.json").read_text()
     assert json.loads(saved)["diverged_at"] == row["diverged_at"]
     assert run_variation("base", sentences=3, common=common, **options) == row
+
+
+def test_a_result_made_with_other_steps_is_refused_not_reported(tmp_path):
+    """The same --results folder with another --steps: the old rows are not passed off as the
+    new ones; the command says which file holds what, and exits 2."""
+    options = ["--grid", "ci", "--dev-sentences", 3, "--set", "precision=fp32"]
+    options += ["--runs", tmp_path / "runs", "--results", tmp_path / "results"]
+    first = ablate(*options, "--steps", 2)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = {f.name: f.read_text() for f in (tmp_path / "results").glob("*.json")}
+    again = ablate(*options, "--steps", 3)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert "max_steps=2" in again.stderr and "max_steps=3" in again.stderr
+    assert {f.name: f.read_text() for f in (tmp_path / "results").glob("*.json")} == before

@@ -30,7 +30,7 @@ import torch
 
 from ..batching import BOS, EOS, PAD, make_batch
 from ..data.multi30k import load_multi30k
-from ..errors import Diverged
+from ..errors import ConfigError, Diverged
 from ..evaluation.runs import score
 from ..evaluation.translation import load_model
 from ..files import write_text_atomic
@@ -110,10 +110,18 @@ def run_variation(
     the training stands for). A row whose training diverges is recorded as such, unscored."""
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")  # "(A) h=1" -> "a-h-1"
     done = Path(results) / f"{slug}.json"
-    if done.exists():
-        return json.loads(done.read_text())
-    out = Path(runs) / slug
     settings = (common or []) + ROWS[name] + [f"max_steps={steps}"]
+    if done.exists():  # kept only if it is this row as asked for now
+        kept = json.loads(done.read_text())
+        if kept.get("overrides") != settings or kept.get("dev_sentences") != (sentences or "all"):
+            raise ConfigError(
+                f"{done} holds row {name!r} trained with {kept.get('overrides')} and scored on "
+                f"{kept.get('dev_sentences')} sentences, not with {settings} on "
+                f"{sentences or 'all'}. Give another --results folder, or move that one away "
+                f"to train the row again."
+            )
+        return kept
+    out = Path(runs) / slug
     command = ["python", "-m", "annotated.cli.train", "--config", config, "--out", str(out)]
     command += [arg for s in settings for arg in ("--set", s)] + ["--no-progress"]
     cfg = build_config(config, settings)  # a bad row fails here, before anything runs
@@ -129,8 +137,9 @@ def run_variation(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     result = provenance(" ".join(command), torch.device(device))
     result |= {"row": name, "overrides": settings, "steps": steps, "train_seconds": seconds}
+    result["dev_sentences"] = sentences or "all"
     if diverged_at is None:
-        result |= dev_scores(out, sentences=sentences) | {"dev_sentences": sentences or "all"}
+        result |= dev_scores(out, sentences=sentences)
     else:
         result |= {"diverged_at": diverged_at, "perplexity": None, "bleu": None}
     done.parent.mkdir(parents=True, exist_ok=True)
