@@ -636,3 +636,29 @@ def test_keeping_each_hypothesiss_k_best_tokens_first_picks_the_same_candidates(
     assert torch.equal(live, ref_lp > -math.inf) and int(live.sum()) > b * 2
     assert torch.equal(lp[live], ref_lp[live])  # the same values, bit for bit
     assert torch.equal(parent[live], ref_parent[live]) and torch.equal(token[live], ref_token[live])
+
+
+def test_bleu_reads_a_pipe_and_refuses_folders_and_empty_languages(tmp_path, capsys):
+    """--hyp <(command) is a pipe, read as it comes; a folder, a missing file and --lang ''
+    are refused with what to give instead, exit 2."""
+    import os
+    import threading
+
+    from annotated.cli.bleu import main as bleu_main
+
+    (tmp_path / "ref").write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    pipe = tmp_path / "hyp.fifo"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=lambda: pipe.write_text("\n".join(HYPS) + "\n", "utf-8"))
+    writer.start()
+    assert bleu_main(["--hyp", str(pipe), "--ref", str(tmp_path / "ref")]) == 0
+    writer.join(timeout=10)
+    assert f"{sacrebleu_score(HYPS, REFS)[0]:.2f}" in capsys.readouterr().out
+    for args, says in [
+        (["--hyp", str(tmp_path)], "is a folder"),
+        (["--hyp", str(tmp_path / "nothing")], "does not exist"),
+        (["--hyp", str(tmp_path / "ref"), "--lang", ""], "language code"),
+    ]:
+        with pytest.raises(SystemExit) as exit:
+            bleu_main([*args, "--ref", str(tmp_path / "ref")])
+        assert exit.value.code == 2 and says in capsys.readouterr().err

@@ -6,6 +6,7 @@ __all__ = ["main"]
 # %% ../../notebooks/A3_command_lines.ipynb #cli-bleu-c003b
 # `python -m annotated.cli.bleu --hyp FILE --ref FILE`: the four BLEU scores of a translation file.
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -35,9 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         "--lang", default="de", help="target language for the Moses tokenizer (default: de)"
     )
     args = parser.parse_args(argv)
-    for path in (args.hyp, args.ref):
-        if not path.is_file():
-            parser.error(f"{path} does not exist or is not a file")
+    if not re.fullmatch(r"[A-Za-z]{2,3}", args.lang):
+        parser.error(f"--lang {args.lang!r}: give the target's language code, such as de or fr")
+    for path in (args.hyp, args.ref):  # a pipe (--hyp <(...)) or a device is read as it comes
+        if not path.exists() or path.is_dir():
+            parser.error(f"{path} {'is a folder' if path.is_dir() else 'does not exist'}; "
+                         f"give a file with one sentence a line")  # fmt: skip
     try:  # UTF-8 checked line by line, a byte-order mark dropped (it would count as a character)
         hyps, refs = read_lines(args.hyp), read_lines(args.ref)
     except DataError as e:
