@@ -157,3 +157,39 @@ def test_every_command_ends_through_the_epilogue(
     assert module.main([str(a) for a in argv]) == code
     err = capsys.readouterr().err
     assert err.startswith(says) and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does_with_its_temporary_files_removed(tmp_path):
+    """`kill` (SIGTERM) during a command that does not save and stop itself (prepare, export,
+    evaluate, translate): the temporary file of the write under way is removed, one paragraph
+    says what was kept, and the exit code is 143 (128 + SIGTERM). Outside the command the
+    handler is the one before it."""
+    import signal
+    import subprocess
+    import sys
+
+    program = f"""
+import signal, sys, time
+from pathlib import Path
+from annotated.cli.epilogue import Epilogue, run_command
+from annotated.files import atomic_path
+before = signal.getsignal(signal.SIGTERM)
+def body():
+    with atomic_path(Path({str(tmp_path)!r}) / "out.txt") as tmp:
+        tmp.write_text("half")
+        print("writing", flush=True)
+        time.sleep(60)
+code = run_command(body, Epilogue(interrupted="nothing was written; run it again"))
+assert signal.getsignal(signal.SIGTERM) is before
+sys.exit(code)
+"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline() == "writing\n"
+    assert [p.name for p in tmp_path.iterdir()]  # the temporary file, mid-write
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert err.strip() == "terminated (SIGTERM): nothing was written; run it again."
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary copy
