@@ -163,3 +163,19 @@ def test_a_result_made_with_other_steps_is_refused_not_reported(tmp_path):
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert "max_steps=2" in again.stderr and "max_steps=3" in again.stderr
     assert {f.name: f.read_text() for f in (tmp_path / "results").glob("*.json")} == before
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", "\udcff"])
+def test_a_damaged_result_file_is_refused_with_a_message(tmp_path, content):
+    """An empty, cut-short or foreign file where a row's result should be: one paragraph that
+    names it, exit 2, the file left as it was."""
+    results = tmp_path / "results"
+    results.mkdir()
+    damaged = results / "base.json"  # the ci grid's first row: refused before anything trains
+    damaged.write_bytes(content.encode("utf-8", "surrogateescape"))
+    r = ablate("--grid", "ci", "--steps", 2, "--dev-sentences", 3, "--runs", tmp_path / "runs",
+               "--results", results)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert str(damaged) in r.stderr and "move that one away" in r.stderr
+    assert damaged.read_bytes() == content.encode("utf-8", "surrogateescape")
+    assert not (tmp_path / "runs").exists()

@@ -112,7 +112,12 @@ def run_variation(
     done = Path(results) / f"{slug}.json"
     settings = (common or []) + ROWS[name] + [f"max_steps={steps}"]
     if done.exists():  # kept only if it is this row as asked for now
-        kept = json.loads(done.read_text())
+        try:
+            kept = json.loads(done.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            kept = {}  # damaged: refused below, as a result of other settings is
+        if not isinstance(kept, dict):
+            kept = {}
         if kept.get("overrides") != settings or kept.get("dev_sentences") != (sentences or "all"):
             raise ConfigError(
                 f"{done} holds row {name!r} trained with {kept.get('overrides')} and scored on "
