@@ -92,7 +92,7 @@ TRIALS = {
 # with post-norm; the trials lower the peak, lengthen the warm-up, clip gradients, lower dropout.
 EARLIER = ["batch.max_tokens=12000", "optim.warmup=1000"]  # that recipe, beside today's row
 POST = [*EARLIER, "checkpoint_every=100"]  # short trials: average late checkpoints
-CLIP_HALF = ["optim.lr_factor=0.5", "optim.max_grad_norm=1.0"]  # multi30k-postnorm's changes
+CLIP_HALF = ["optim.lr_factor=0.5", "optim.max_grad_norm=1.0"]  # results/multi30k-postnorm
 GPU_TRIALS = {
     "post-lr0.5": [*POST, "optim.lr_factor=0.5"],
     "post-lr0.35": [*POST, "optim.lr_factor=0.35"],
