@@ -88,6 +88,41 @@ def test_evaluate_checks_its_device_and_paths_before_decoding(copy_run, tmp_path
         assert "no test sets" not in r.stderr  # refused before the run was even loaded
 
 
+def test_evaluate_never_writes_its_results_over_a_run_or_other_files(copy_run, tmp_path):
+    """--results is replaced as a whole, so a typo must not name a run's folder (this run's,
+    one holding it, or another's), a file, or a folder of other files: each is refused before
+    decoding, with every file left as it was."""
+    other = tmp_path / "other-run"
+    (other / "checkpoints").mkdir(parents=True)
+    (other / "run.json").write_text("{}")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "thesis.tex").write_text("mine")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    run_files = {p: p.stat().st_mtime_ns for p in copy_run.rglob("*") if p.is_file()}
+    for results, says in [
+        (copy_run, "holds the run"),
+        (copy_run.parent, "holds the run"),
+        (".", "holds the run"),
+        (other, "is a training run's folder (it has run.json)"),
+        (a_file, "is a file"),
+        (mixed, "holds other files and no results.json"),
+    ]:
+        r = subprocess.run(
+            [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(copy_run),
+             "--results", str(results)],
+            cwd=copy_run if results == "." else None, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 2 and says in r.stderr, (results, r.stderr[-1500:])
+        assert "Traceback" not in r.stderr
+    assert before == {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert run_files == {p: p.stat().st_mtime_ns for p in copy_run.rglob("*") if p.is_file()}
+    r = command("evaluate", "--run", copy_run, "--plot", tmp_path, "--tensorboard", a_file)
+    assert r.returncode == 2 and "--plot" in r.stderr and "is a folder" in r.stderr
+
+
 def test_evaluate_beside_a_live_trainer_lists_again_when_a_checkpoint_is_pruned(
     copy_run, monkeypatch, capsys
 ):

@@ -5,6 +5,7 @@ __all__ = ["main"]
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-imports
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -110,9 +111,35 @@ def _check_first(ap: argparse.ArgumentParser, args) -> None:
         ap.error(f"--device {args.device}: this PyTorch sees {gpus} CUDA devices; use cpu{others}")
     if args.results:
         read_run(args.run)  # fail now, not after decoding every test set
-        check_writable(Path(args.results), "--results")
+        _check_results(ap, Path(args.results), Path(args.run))
+        check_writable(Path(args.results).resolve(), "--results")
+    if args.plot and Path(args.plot).is_dir():
+        ap.error(f"--plot {args.plot} is a folder; give the PNG file to write")
+    board = Path(args.tensorboard) if args.tensorboard else None
+    if board and board.exists() and not board.is_dir():
+        ap.error(f"--tensorboard {board} is a file; give the folder TensorBoard reads")
     if args.plot:
-        check_writable(Path(args.plot), "--plot")
+        check_writable(Path(args.plot).resolve(), "--plot")
+    if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        ap.error("--tensorboard needs the tensorboard package: pip install tensorboard")
+
+
+def _check_results(ap: argparse.ArgumentParser, results: Path, run: Path) -> None:
+    """The results folder is replaced as a whole: never a run's folder, one holding the run,
+    or a folder of other files."""
+    where, run = results.resolve(), run.resolve()
+    if where.exists() and not where.is_dir():
+        ap.error(f"--results {results} is a file; results are written as a folder: name a new one")
+    if where == run or where in run.parents:
+        ap.error(f"--results {results} holds the run {run}, and the results replace it as a "
+                 f"whole: name a folder of its own, such as results/{run.name}")  # fmt: skip
+    marks = [m for m in ("run.json", "checkpoints", "trainer.lock") if (where / m).exists()]
+    if marks:
+        ap.error(f"--results {results} is a training run's folder (it has {marks[0]}); the "
+                 f"results would replace it: name a folder of its own")  # fmt: skip
+    if where.is_dir() and any(where.iterdir()) and not (where / "results.json").exists():
+        ap.error(f"--results {results} holds other files and no results.json, and the results "
+                 f"replace the folder as a whole: name a new or empty folder")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,7 +80,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         "max_steps": 800, "checkpoint_every": 200, "log_every": 20,
         "precision": "fp32"}),  # too small for bf16 to pay; chapter 6h compares exact losses
     "multi30k": ("", {  # chapter 9, GPU profile: the paper's model and schedule, dropout 0.3,
-        "task": "multi30k", "data.vocab": 8000,  # fairseq's IWSLT batches (chapter 9d)
+        "task": "multi30k", "data.vocab": 8000,  # fairseq's IWSLT batches (chapter 9)
         "model.dropout": 0.3, "model.max_len": 256, "batch.max_tokens": 4096,
         "max_steps": 12_000, "checkpoint_every": 250, "log_every": 50}),
     "multi30k-small": ("multi30k", {  # chapter 9d's rows: 3 layers of width 128, a peak rate
