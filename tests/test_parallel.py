@@ -190,6 +190,12 @@ def test_fine_tuning_starts_from_the_weights_alone_and_refuses_what_does_not_fit
         json.loads(line)["step"] for line in (tuned / "metrics.jsonl").read_text().splitlines()
     ]
     assert steps[0] == 1
+    # a requeued fine-tuning job resumes from its own checkpoints, wherever --init has gone
+    moved = trained.rename(tmp_path / "moved.pt")
+    resumed = ["--config", "parallel", "--out", str(tuned), "--init", str(trained), "--resume"]
+    assert train.main([*resumed, *own[:-1], "3"]) == 0, capsys.readouterr().err
+    assert json.loads((tuned / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+    moved.rename(trained)
     # another shape, another tokenizer, no such file: refused, each with its remedy
     other = ["--config", "parallel", "--init", str(trained), *own]
     assert train.main(other + ["--out", str(tmp_path / "a"), "--set", "model.N=2"]) == 2

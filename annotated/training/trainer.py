@@ -252,7 +252,8 @@ def train(
 
     `command`, if given, is recorded in run.json (the command line uses it for provenance);
     `tensorboard`, a folder, receives the logged curves for TensorBoard too (chapter 13)."""
-    init = not cfg.init or Path(cfg.init).is_file()  # a file: looked for now, not when built
+    # a file: looked for now, not when built, and not on resuming, which reads the run's own
+    init = not cfg.init or resume or Path(cfg.init).is_file()
     refuse_broken([(init, "init", "must name a checkpoint file")])
     rank, world, device = setup_distributed()
     out = Path(out_dir)
