@@ -152,17 +152,19 @@ def test_a_row_that_diverges_is_a_result_not_a_crash(tmp_path):
 
 
 def test_a_result_made_with_other_steps_is_refused_not_reported(tmp_path):
-    """The same --results folder with another --steps: the old rows are not passed off as the
-    new ones; the command says which file holds what, and exits 2."""
+    """The same --results folder with another --steps: the row kept there is not passed off as
+    the new one; the command says which file holds what, and exits 2, before training."""
+    results = tmp_path / "results"
+    results.mkdir()
+    kept = {"row": "base", "overrides": ["precision=fp32", "max_steps=2"], "dev_sentences": 3}
+    (results / "base.json").write_text(json.dumps(kept))
     options = ["--grid", "ci", "--dev-sentences", 3, "--set", "precision=fp32"]
-    options += ["--runs", tmp_path / "runs", "--results", tmp_path / "results"]
-    first = ablate(*options, "--steps", 2)
-    assert first.returncode == 0, first.stderr[-2000:]
-    before = {f.name: f.read_text() for f in (tmp_path / "results").glob("*.json")}
+    options += ["--runs", tmp_path / "runs", "--results", results]
     again = ablate(*options, "--steps", 3)
-    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr[-2000:]
     assert "max_steps=2" in again.stderr and "max_steps=3" in again.stderr
-    assert {f.name: f.read_text() for f in (tmp_path / "results").glob("*.json")} == before
+    assert json.loads((results / "base.json").read_text()) == kept
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", "\udcff"])
