@@ -111,21 +111,8 @@ def run_variation(
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")  # "(A) h=1" -> "a-h-1"
     done = Path(results) / f"{slug}.json"
     settings = (common or []) + ROWS[name] + [f"max_steps={steps}"]
-    if done.exists():  # kept only if it is this row as asked for now
-        try:
-            kept = json.loads(done.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            kept = {}  # damaged: refused below, as a result of other settings is
-        if not isinstance(kept, dict):
-            kept = {}
-        if kept.get("overrides") != settings or kept.get("dev_sentences") != (sentences or "all"):
-            raise ConfigError(
-                f"{done} holds row {name!r} trained with {kept.get('overrides')} and scored on "
-                f"{kept.get('dev_sentences')} sentences, not with {settings} on "
-                f"{sentences or 'all'}. Give another --results folder, or move that one away "
-                f"to train the row again."
-            )
-        return kept
+    if done.exists():
+        return _kept(done, name, settings, sentences or "all")
     out = Path(runs) / slug
     command = ["python", "-m", "annotated.cli.train", "--config", config, "--out", str(out)]
     command += [arg for s in settings for arg in ("--set", s)] + ["--no-progress"]
@@ -150,6 +137,22 @@ def run_variation(
     done.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(done, json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _kept(done: Path, name: str, settings: list[str], sentences) -> dict:
+    """A row's result file, kept only if it is this row as asked for now."""
+    try:
+        kept = json.loads(done.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        kept = None  # damaged: refused, as a result of other settings is
+    kept = kept if isinstance(kept, dict) else {}
+    if kept.get("overrides") != settings or kept.get("dev_sentences") != sentences:
+        raise ConfigError(
+            f"{done} holds row {name!r} trained with {kept.get('overrides')} and scored on "
+            f"{kept.get('dev_sentences')} sentences, not with {settings} on {sentences}. "
+            f"Give another --results folder, or move that one away to train the row again."
+        )
+    return kept
 
 
 def sweep(grid: str, **options) -> list[dict]:
