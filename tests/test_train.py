@@ -626,8 +626,8 @@ def test_a_named_model_replaces_the_architecture_and_keeps_the_datas_length():
 
     from annotated.model import TRANSFORMER_BASE, TRANSFORMER_BIG
 
-    cpu = build_config("parallel")
-    base = build_config("parallel", ["model=base"])
+    cpu = build_config("parallel", ["model.norm_first=true"])
+    base = build_config("parallel", ["model.norm_first=true", "model=base"])  # replaced whole
     assert base.model == replace(TRANSFORMER_BASE, max_len=cpu.model.max_len)
     assert not base.model.norm_first and cpu.model.norm_first and base.optim == cpu.optim
     big = build_config("wmt14-base", ["model.N=2", "model=big", "model.dropout=0.2"])
