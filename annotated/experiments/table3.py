@@ -36,6 +36,7 @@ from ..evaluation.translation import load_model
 from ..files import write_text_atomic
 from ..loss import LabelSmoothing
 from ..training.checkpoints import checkpoint_paths, checkpoint_step
+from ..training.config import OptimConfig
 from ..training.provenance import provenance
 from ..training.registry import build_config
 from ..training.trainer import train
@@ -161,7 +162,7 @@ def sweep(grid: str, **options) -> list[dict]:
 
 
 # %% ../../notebooks/09d_ablations.ipynb #w001
-PAPER_WARMUP = 4000  # section 5.3's warm-up, in steps
+PAPER_WARMUP = OptimConfig().warmup  # section 5.3's 4,000 steps, the defaults' warm-up
 
 
 def warmup_row(norm: str, N: int, times: float, warmup: int) -> list[str]:
