@@ -112,6 +112,33 @@ GPU_TRIALS = {
         "batch.max_tokens=24000",
     ],  # fmt: skip
     "pre": [*POST, "model.norm_first=true"],
+    # round 2, for a run of at most ten minutes on one GPU (`--minutes`): the step is bound by
+    # the host (about 11 steps a second alone), so the paper's 4,000 warm-up steps take six
+    # minutes by themselves. The base model reaches the paper's peak rate in half the steps,
+    # clipped; and two smaller post-norm models: three layers of width 256 (peak 2e-3), and
+    # four of width 128 with a 256-wide feed-forward layer, the size of Revisit-MMT's text-only
+    # model (Wu et al., 2021), at a peak of 3e-3.
+    "base-12k-w2k-clip1": [
+        "batch.max_tokens=12000",
+        "optim.lr_factor=0.7",
+        "optim.warmup=2000",
+        "optim.max_grad_norm=1.0",
+    ],
+    "N3-d256": [
+        "model.N=3",
+        "model.d_model=256",
+        "model.d_ff=1024",
+        "model.h=4",
+        "optim.warmup=1000",
+    ],
+    "N4-d128-ff256": [
+        "model.N=4",
+        "model.d_model=128",
+        "model.d_ff=256",
+        "model.h=4",
+        "optim.lr_factor=1.5",
+        "optim.warmup=2000",
+    ],
 }
 SWEEPS = {  # profile -> (its trials, the folder of its records)
     "multi30k-cpu": (TRIALS, "multi30k-cpu-sweep"),
@@ -140,10 +167,13 @@ def bleu_on_test2016(run: Path, last: int = 5, every_bleu: bool = False) -> dict
     return {**scores, "sentences": len(pairs)}
 
 
-def train_command(config: str, name: str, steps: int, runs: Path, repeat: bool) -> list[str]:
+def train_command(
+    config: str, name: str, steps: int, runs: Path, repeat: bool, minutes: float = 0.0
+) -> list[str]:
     overrides = SWEEPS[config][0][name]
     out = runs / (f"{name}-{steps}steps" if repeat else name)  # a repeat: its own run
-    sets = [a for item in [*overrides, f"max_steps={steps}"] for a in ("--set", item)]
+    budget = f"max_minutes={minutes}" if minutes else f"max_steps={steps}"
+    sets = [a for item in [*overrides, budget] for a in ("--set", item)]
     return ["-m", "annotated.cli.train", "--config", config, *sets, "--out", str(out)]
 
 
@@ -158,14 +188,16 @@ def run_trial(name: str, seconds: float, runs: Path, steps: int = 0) -> dict:
     return record_trial("multi30k-cpu", name, cmd, steps, wall, seconds, per_step)
 
 
-def run_parallel(config: str, names: list[str], steps: int, runs: Path, parallel: int) -> list:
-    """Train the trials `parallel` at a time for `steps` steps each, then score them one by
-    one: the records of the GPU sweep."""
+def run_parallel(
+    config: str, names: list[str], steps: int, runs: Path, parallel: int, minutes: float = 0.0
+) -> list:
+    """Train the trials `parallel` at a time for `steps` steps each (or `minutes` of training
+    each), then score them one by one: the records of the GPU sweep."""
     TASKS["multi30k"].tokenizer_for(build_config(config))  # trained once, before the trials
     records = []
     for i in range(0, len(names), parallel):
         group = names[i : i + parallel]
-        cmds = {n: train_command(config, n, steps, runs, False) for n in group}
+        cmds = {n: train_command(config, n, steps, runs, False, minutes) for n in group}
         start = time.time()
         procs = {
             n: subprocess.Popen([sys.executable, *c, "--no-progress"], cwd=ROOT)
@@ -180,8 +212,16 @@ def run_parallel(config: str, names: list[str], steps: int, runs: Path, parallel
                 records.append({**provenance(command, torch.device(DEVICE)), **failed})
                 continue
             record = record_trial(config, n, cmds[n], steps, wall, None, None)
+            if minutes:
+                record |= {"max_minutes": minutes, "steps": metrics_steps(runs / n)}
             records.append({**record, "trained_at_once": len(group)})
     return records
+
+
+def metrics_steps(run: Path) -> int:
+    """The last step a run logged."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return int(json.loads(lines[-1])["step"])
 
 
 def record_trial(config, name, cmd, steps, wall, seconds, per_step) -> dict:
@@ -228,6 +268,12 @@ def main() -> int:
         "measured step time was too optimistic and overran --seconds); required by multi30k",
     )
     ap.add_argument("--parallel", type=int, default=1, help="multi30k: trials trained at once")
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        default=0.0,
+        help="multi30k: train each trial for this many minutes (max_minutes) instead of --steps",
+    )
     args = ap.parse_args()
     trials, folder = SWEEPS[args.config]
     if args.list or not args.trials:
@@ -236,15 +282,21 @@ def main() -> int:
         return 0
     names = args.trials.split(",")
     unknown = [n for n in names if n not in trials]
-    if unknown or (args.config == "multi30k" and args.steps <= 0):
-        why = f"unknown trial {unknown[0]!r}; --list shows them" if unknown else "give --steps N"
+    if unknown or (args.config == "multi30k" and args.steps <= 0 and args.minutes <= 0):
+        why = (
+            f"unknown trial {unknown[0]!r}; --list shows them"
+            if unknown
+            else "give --steps N or --minutes M"
+        )
         print(f"sweep_multi30k: {why}", file=sys.stderr)
         return 2
     out = ROOT / "results" / folder / "trials.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         if args.config == "multi30k":
-            records = run_parallel(args.config, names, args.steps, args.runs, args.parallel)
+            records = run_parallel(
+                args.config, names, args.steps, args.runs, args.parallel, args.minutes
+            )
         else:
             records = [run_trial(n, args.seconds, args.runs, args.steps) for n in names]
     except ExpectedError as e:  # no data, a bad override: the message says what to do
@@ -261,8 +313,9 @@ def main() -> int:
             continue
         t = record["test2016"]
         lc = t.get("tokenized_lowercased_bleu")
+        steps = record.get("steps", record["max_steps"])
         print(
-            f"{record['trial']}: {record['max_steps']} steps in {record['training_seconds']:.0f} s,"
+            f"{record['trial']}: {steps} steps in {record['training_seconds']:.0f} s,"
             f" test2016 sacreBLEU {t['sacrebleu']:.2f}"
             + (f", tokenized lowercased {lc:.2f}" if lc is not None else "")
             + f" {record.get('test2016_by_average', '')}",
