@@ -6,6 +6,8 @@
 Parts, each run in its own process so that one failure does not hide the others:
 - tests: the CUDA tests (tests/test_cuda.py) and the trainer's tests, which run on the GPU when
   there is one;
+- multi30k: the GPU profile of chapter 9 trained (eight minutes at most) and scored as chapter
+  9b scores it, into --multi30k-results (needs the Multi30k files, e.g. under ANNOTATED_DATA);
 - base, big: the training-step benchmark at 25,000 target tokens per step in bf16, every fast-path
   stage against the reference and torch.nn.Transformer, with and without torch.compile; then beam-4
   decoding (cached and uncached), reported in sentences per second;
@@ -43,7 +45,7 @@ from annotated.files import write_text_atomic
 from annotated.training.provenance import provenance
 from annotated.training.registry import table_settings
 
-PARTS = ("tests", "base", "big", "wmt14-base", "wmt14-big")
+PARTS = ("tests", "multi30k", "base", "big", "wmt14-base", "wmt14-big")
 TESTS = [
     "tests/test_cuda.py",
     "tests/test_train.py",
@@ -96,6 +98,22 @@ def benchmark(
     return part
 
 
+def multi30k(tmp: Path, results: Path | None) -> dict:
+    """Train the GPU profile `multi30k` (its own budget: eight minutes at most), then evaluate it
+    (test2016 and test2017, beam 4, alpha 0.6, the last five checkpoints averaged)."""
+    run_dir, results = tmp / "multi30k", results or tmp / "multi30k-results"
+    train = [sys.executable, "-m", "annotated.cli.train", "--config", "multi30k"]
+    part = {"train": run([*train, "--out", str(run_dir), "--no-progress"], 900)}
+    if part["train"]["returncode"] == 0:
+        evaluate = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(run_dir)]
+        plot = ["--plot", str(results / "summary.png")]
+        part["evaluate"] = run([*evaluate, "--results", str(results), *plot], 600)
+        scores = results / "results.json"
+        if scores.exists():
+            part["scores"] = json.loads(scores.read_text())["evaluation"]["tests"]
+    return part
+
+
 def projection(configured: dict, compiled_run: dict, shard: dict) -> dict:
     """Hours to 100k and 300k steps from measured seconds per step: the configured step on one
     GPU (as configured, without compile, and with it), and one of eight GPUs' share."""
@@ -131,6 +149,11 @@ def main(argv=None) -> int:
         type=float,
         default=900,
         help="seconds allowed to each benchmark run (lower it on a machine lent for minutes)",
+    )
+    ap.add_argument(
+        "--multi30k-results",
+        type=Path,
+        help="multi30k: evaluate's results folder (scores, translations, metrics log, a plot)",
     )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -173,6 +196,9 @@ def main(argv=None) -> int:
                 ],
                 900,
             )
+        if "multi30k" in parts:
+            report["parts"]["multi30k"] = multi30k(tmp, args.multi30k_results)
+            save(report, args.json)
         for preset in ("base", "big"):
             if preset in parts:
                 report["parts"][preset] = benchmark(
@@ -202,7 +228,7 @@ def main(argv=None) -> int:
         for k, v in report["parts"].items()  # a wmt part holds one run per step shape
         if any(
             r.get("returncode") != 0
-            for r in ([v] if "returncode" in v else [r for n, r in v.items() if n != "projection"])
+            for r in ([v] if "returncode" in v else [r for r in v.values() if "command" in r])
         )
     ]
     report["failed_parts"] = failed

@@ -78,6 +78,38 @@ def test_gpu_suite_without_a_gpu_says_so_and_runs_nothing(tmp_path):
     assert not out.exists()
 
 
+def test_gpu_suite_trains_the_gpu_profile_then_scores_it_only_if_training_succeeded(
+    tmp_path, monkeypatch
+):
+    """The multi30k part: the profile's own budget (no overrides), then evaluate's scores into
+    the report; a failed training is reported and not evaluated."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_suite
+
+    calls = []
+
+    def fake_run(cmd, timeout, code=0):
+        calls.append(cmd)
+        if "annotated.cli.evaluate" in cmd:
+            results = Path(cmd[cmd.index("--results") + 1])
+            results.mkdir(parents=True)
+            tests = {"test2016": {"tokenized_lowercased_bleu": 40.5}}
+            (results / "results.json").write_text(json.dumps({"evaluation": {"tests": tests}}))
+        return {"command": " ".join(cmd), "returncode": code}
+
+    monkeypatch.setattr(gpu_suite, "run", fake_run)
+    part = gpu_suite.multi30k(tmp_path, tmp_path / "res")
+    train, evaluate = calls
+    assert train[train.index("--config") + 1] == "multi30k" and "--set" not in train
+    assert evaluate[evaluate.index("--run") + 1] == train[train.index("--out") + 1]
+    assert part["scores"]["test2016"]["tokenized_lowercased_bleu"] == 40.5
+
+    calls.clear()
+    monkeypatch.setattr(gpu_suite, "run", lambda cmd, timeout: fake_run(cmd, timeout, code=1))
+    part = gpu_suite.multi30k(tmp_path / "again", None)
+    assert len(calls) == 1 and "evaluate" not in part and part["train"]["returncode"] == 1
+
+
 def test_model_flops_counts_real_tokens_only():
     cfg = dict(vocab=50, N=2, d_model=8, d_ff=16)
     src = torch.tensor([[5, 6, 7, PAD], [5, 6, PAD, PAD]])
