@@ -111,6 +111,32 @@ def test_links_planted_in_the_run_folder_are_refused_and_their_targets_kept(tmp_
         assert not (out / "checkpoints").exists() or not checkpoint_names(out)
 
 
+def test_a_checkpoints_link_is_refused_before_anything_is_deleted_or_written_there(tmp_path):
+    """checkpoints/ planted as a link (someone who can write the run folder): the trainer
+    neither deletes the target's *.tmp files nor writes or prunes checkpoints there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "theirs.tmp").write_text("someone's download in progress\n")
+    for resume in ((), ("--resume",)):
+        out = tmp_path / f"run{len(resume)}"
+        out.mkdir()
+        (out / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+        message = error_of(tiny_copy(out, *sets("max_steps=2"), *resume, check=False))
+        assert "checkpoints is a symbolic link" in message and "Remove the link" in message
+        assert sorted(p.name for p in elsewhere.iterdir()) == ["theirs.tmp"]
+
+
+def test_a_checkpoint_file_planted_as_a_link_is_refused(tmp_path):
+    out = tmp_path / "run"
+    tiny_copy(out, *sets("max_steps=2", "checkpoint_every=2"))
+    outside = tmp_path / "outside.pt"
+    (out / "checkpoints" / "ckpt_00000002.pt").rename(outside)
+    (out / "checkpoints" / "ckpt_00000002.pt").symlink_to(outside)
+    message = error_of(tiny_copy(out, *sets("max_steps=4"), "--resume", check=False))
+    assert "ckpt_00000002.pt is a symbolic link" in message, message
+    assert outside.exists() and (out / "checkpoints" / "ckpt_00000002.pt").is_symlink()
+
+
 def test_the_logged_time_counts_every_session_of_a_resumed_run(tmp_path):
     out = tmp_path / "run"
     tiny_copy(out, *sets("max_steps=6", "checkpoint_every=6"))

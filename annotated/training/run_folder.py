@@ -122,6 +122,9 @@ def check_same_run(theirs: dict, mine: dict, *, what, than: str, fix: str) -> No
 def check_run_folder(out: Path, cfg: TrainConfig, resume: bool, owner: bool) -> Path | None:
     """The checkpoint to resume from (or None); refuse to mix two runs in one folder. Only the
     `owner`, the process that holds the folder's lock, changes anything or says anything."""
+    refuse_link(out / "checkpoints")  # a planted link would take the run's files elsewhere
+    for link in (p for p in (out / "checkpoints").glob("*") if p.is_symlink()):
+        refuse_link(link)
     for stale in (out / "checkpoints").glob("*.tmp") if owner else ():
         stale.unlink()  # left by a killed run: with the lock held, no live writer owns it
     existing = checkpoint_paths(out)
