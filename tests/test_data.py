@@ -274,9 +274,14 @@ def test_tokenizer_training_is_deterministic(trained):
 
 
 def test_failed_training_leaves_no_model(tmp_path):
-    pairs = [("a b c", "d e f")] * 10
+    pairs = [(f"word{i} other{i}", f"wort{i} anderes{i}") for i in range(100)]
     with pytest.raises(data.DataError, match=r"more than this corpus can fill \(at most \d+\)"):
         train_tokenizer(pairs, tmp_path / "tiny", vocab_size=5000)  # far too large for it
+    with pytest.raises(data.DataError, match=r"such as (\d{3}) \(--set data.vocab=\1 "):
+        train_tokenizer(pairs, tmp_path / "tiny", vocab_size=5000)  # a size that fits
+    for text in ("\0" * 3000, "a b c"):  # NUL bytes, or too few distinct characters
+        with pytest.raises(data.DataError, match="too little text to learn subword pieces"):
+            train_tokenizer([(text, text)] * 10, tmp_path / "tiny", vocab_size=8000)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -154,6 +154,29 @@ def test_other_mistakes_get_messages(tmp_path):
         prepare_parallel(*only_long, tmp_path / "o2")
 
 
+def test_a_tokenizer_that_cannot_be_read_is_a_message_with_exit_2(tmp_path, capsys):
+    """prepare --tokenizer given a damaged run.json, one with no configuration, or a file that
+    is not a SentencePiece model: exit 2 and what to give instead, nothing written."""
+    files = write_corpus(tmp_path / "c", [("a b", "c d")] * 3)
+    damaged, empty, text = tmp_path / "damaged", tmp_path / "empty", tmp_path / "notes.model"
+    for folder, record in ((damaged, "{not json"), (empty, "{}")):
+        folder.mkdir()
+        (folder / "run.json").write_text(record)
+    text.write_text("not a model\n")
+    cases = [
+        (damaged, "cannot be read as JSON", "give --tokenizer the run's tokenizer .model"),
+        (empty, 'holds no configuration (no "config" entry)', "give the run folder"),
+        (text, "is not a SentencePiece model that can be read", "give the .model file"),
+    ]
+    for given, what, fix in cases:
+        out = tmp_path / f"out_{given.name}"
+        args = ["--src", str(files[0]), "--tgt", str(files[1]), "--out", str(out)]
+        assert prepare.main([*args, "--tokenizer", str(given)]) == 2
+        err = capsys.readouterr().err
+        assert what in err and fix in err and "Traceback" not in err, err
+        assert not out.exists() or not any(out.rglob("*.npy"))
+
+
 def test_fine_tuning_starts_from_the_weights_alone_and_refuses_what_does_not_fit(
     corpus, prepared, tmp_path, capsys
 ):

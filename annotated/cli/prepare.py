@@ -7,7 +7,6 @@ __all__ = ["main"]
 # `python -m annotated.cli.prepare`: prepare the data a named configuration trains on, or a corpus
 # of your own from text files.
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from ..data.preparation import Prepared
 from ..data.tokenizer import Tokenizer, load_tokenizer
 from ..errors import DataError
 from ..training.registry import CONFIGS, TASKS, build_config, config_from_record, task_of
+from ..training.run_folder import read_json
 from ..training.tasks.wmt14 import prepare_for
 from .epilogue import Epilogue, run_command
 
@@ -51,7 +51,15 @@ def _own(args) -> Prepared:
 def _tokenizer_of(path: Path) -> Tokenizer:
     """The tokenizer of a SentencePiece model file, a prepared folder, or a training run."""
     if (path / "run.json").is_file():
-        cfg = config_from_record(json.loads((path / "run.json").read_text())["config"])
+        fix = "give --tokenizer the run's tokenizer .model file or a prepared folder instead"
+        record = read_json(path / "run.json", fix)
+        if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+            raise DataError(
+                f'--tokenizer {path}: its run.json holds no configuration (no "config" entry); '
+                f"give the run folder the trainer wrote, its tokenizer's .model file, or a "
+                f"prepared folder."
+            )
+        cfg = config_from_record(record["config"])
         tokenizer = TASKS[cfg.task].tokenizer_for(cfg)
         if not isinstance(tokenizer, Tokenizer):
             raise DataError(f"--tokenizer {path}: the {cfg.task} task has no subword tokenizer")

@@ -99,7 +99,13 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"load_tokenizer: no tokenizer model at {path}")
-    return Tokenizer(spm.SentencePieceProcessor(model_file=str(path)))
+    try:
+        return Tokenizer(spm.SentencePieceProcessor(model_file=str(path)))
+    except (RuntimeError, OSError) as e:  # SentencePiece's "could not parse ModelProto"
+        raise DataError(
+            f"{path} is not a SentencePiece model that can be read ({e}); give the .model file "
+            f"that prepare or the trainer wrote, or prepare the data again to write a new one."
+        ) from None
 
 
 def train_tokenizer(
@@ -120,13 +126,18 @@ def train_tokenizer(
                 vocab_size=vocab_size,
                 **TOKENIZER_OPTIONS,
             )
-    except RuntimeError as e:  # SentencePiece's report of a vocabulary the text cannot fill
+    except RuntimeError as e:  # SentencePiece refuses the text, or a vocabulary it cannot fill
         most = re.search(r"value <= (\d+)", str(e))
-        if not most:
-            raise
+        if not most or int(most.group(1)) < 100:  # no text, or too little to learn pieces from
+            raise DataError(
+                f"the tokenizer cannot be trained on this corpus ({str(e).strip()}): it holds "
+                f"too little text to learn subword pieces from. Check that the files are the "
+                f"plain-text sentences you meant (not empty, not binary), then run again."
+            ) from None
+        size = min(8000, int(most.group(1)))
         raise DataError(
             f"a vocabulary of {vocab_size:,} pieces is more than this corpus can fill (at most "
-            f"{int(most.group(1)):,}); choose a smaller size, such as the book's 8,000 "
-            f"(--set data.vocab=8000 for a named configuration, --vocab 8000 for prepare)."
+            f"{int(most.group(1)):,}); choose a smaller size, such as {size:,} (--set "
+            f"data.vocab={size} for a named configuration, --vocab {size} for prepare)."
         ) from None
     return load_tokenizer(final)

@@ -2,6 +2,7 @@
 
 # %% auto #0
 __all__ = [
+    "RESTORE",
     "RUN_IDENTITY",
     "read_metrics",
     "read_json",
@@ -57,15 +58,16 @@ def read_metrics(path: Path) -> tuple[list[dict], str]:
     return records, "".join(lines)
 
 
-def read_json(path: Path) -> dict:
-    """A JSON file written by the trainer (run.json), or a TrainingError that says what to do."""
+RESTORE = "restore it, or delete it to let --resume write a new one"
+
+
+def read_json(path: Path, fix: str = RESTORE) -> dict:
+    """A JSON file written by the trainer (run.json), or a TrainingError that says what to do
+    (`fix`: what the reader of the message can do about a damaged file)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TrainingError(
-            f"{path} cannot be read as JSON ({e}); restore it, or delete it to let "
-            f"--resume write a new one."
-        ) from None
+        raise TrainingError(f"{path} cannot be read as JSON ({e}); {fix}.") from None
 
 
 # %% ../../notebooks/06e_checkpoints.ipynb #c013f
