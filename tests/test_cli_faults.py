@@ -43,6 +43,15 @@ def test_translations_that_cannot_be_written_are_an_error(copy_run):
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
 
 
+@pytest.mark.parametrize("closed, name", [("<&-", "input"), (">&-", "output")])
+def test_a_closed_standard_stream_is_a_message(copy_run, closed, name):
+    ckpt = copy_run / "checkpoints/ckpt_00000004.pt"
+    shell = f"{sys.executable} -m annotated.cli.translate --checkpoint {ckpt} {closed}"
+    r = subprocess.run(["bash", "-c", shell], input="3 4\n", capture_output=True, text=True)
+    assert r.returncode == 2 and f"standard {name} is closed" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_a_beam_search_out_of_memory_says_what_to_lower(copy_run, monkeypatch, capsys):
     def no_memory(*args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1")

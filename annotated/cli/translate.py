@@ -13,6 +13,7 @@ import sys
 import torch
 
 from ..data.download import decode_lines
+from ..errors import DataError
 from ..evaluation.translation import load_model, translate
 from .epilogue import Epilogue, run_command
 
@@ -42,6 +43,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _translated(args) -> list[str]:
+    for stream, name, how in [
+        (sys.stdin, "input", "pipe the sentences in, or give a file with < FILE"),
+        (sys.stdout, "output", "let it reach the terminal, a pipe or > FILE"),
+    ]:
+        if stream is None:  # the shell closed it (<&- or >&-)
+            raise DataError(
+                f"standard {name} is closed: translate reads sentences from standard input and "
+                f"writes their translations to standard output; {how}."
+            )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer, _ = load_model(args.checkpoint, device)
     lines = decode_lines(sys.stdin.buffer, "standard input")
