@@ -55,7 +55,24 @@ def read_metrics(path: Path) -> tuple[list[dict], str]:
                     f"{path}: line {number} is not JSON; repair or remove that line."
                 ) from None
             lines = lines[:-1]  # half-written
+            continue
+        if not _is_metrics_record(records[-1]):
+            raise TrainingError(
+                f"{path}: line {number} is JSON but not a line of this trainer's log (each holds "
+                f"a whole-number step and numbers for loss and elapsed_s); repair or remove it."
+            )
     return records, "".join(lines)
+
+
+def _is_metrics_record(record) -> bool:
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if not isinstance(record, dict) or not number(record.get("step")):
+        return False
+    return float(record["step"]).is_integer() and all(
+        number(record.get(key)) for key in ("loss", "elapsed_s")
+    )
 
 
 RESTORE = "restore it, or delete it to let --resume write a new one"
