@@ -178,6 +178,6 @@ def test_a_damaged_result_file_is_refused_with_a_message(tmp_path, content):
     r = ablate("--grid", "ci", "--steps", 2, "--dev-sentences", 3, "--runs", tmp_path / "runs",
                "--results", results)  # fmt: skip
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert str(damaged) in r.stderr and "move that one away" in r.stderr
+    assert str(damaged) in r.stderr and "is empty or damaged (not a JSON record)" in r.stderr
     assert damaged.read_bytes() == content.encode("utf-8", "surrogateescape")
     assert not (tmp_path / "runs").exists()

@@ -145,8 +145,12 @@ def _kept(done: Path, name: str, settings: list[str], sentences) -> dict:
     try:
         kept = json.loads(done.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
-        kept = None  # damaged: refused, as a result of other settings is
-    kept = kept if isinstance(kept, dict) else {}
+        kept = None
+    if not isinstance(kept, dict):  # empty or damaged: refused, never overwritten
+        raise ConfigError(
+            f"{done}, the result file of row {name!r}, is empty or damaged (not a JSON record). "
+            f"Move it away to train the row again, or give another --results folder."
+        )
     if kept.get("overrides") != settings or kept.get("dev_sentences") != sentences:
         raise ConfigError(
             f"{done} holds row {name!r} trained with {kept.get('overrides')} and scored on "
