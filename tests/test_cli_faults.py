@@ -65,6 +65,25 @@ def test_a_beam_search_out_of_memory_says_what_to_lower(copy_run, monkeypatch, c
     assert "with beam 64: use a smaller --batch-size or --beam" in err, err
 
 
+def test_a_model_larger_than_the_machine_is_named_as_a_setting_not_a_busy_machine(
+    copy_run, tmp_path
+):
+    """A size no machine like this one holds, from the command line or a crafted checkpoint:
+    the message blames the setting, not other programs using the memory."""
+    r = run_trainer("--config", "copy", *TINY, *sets("model.d_ff=100000000000"),
+                    "--out", str(tmp_path / "huge"), check=False)  # fmt: skip
+    message = error_of(r)
+    assert "more than this machine has in all" in message and "d_ff" in message, message
+    state = torch.load(copy_run / "checkpoints/ckpt_00000004.pt", weights_only=True)
+    state["config"]["model"]["max_len"] = 10**11
+    crafted = tmp_path / "crafted/checkpoints/ckpt_00000004.pt"
+    crafted.parent.mkdir(parents=True)
+    torch.save(state, crafted)
+    r = command("translate", "--checkpoint", crafted, stdin="3 4\n")
+    message = error_of(r)
+    assert "more than this machine has in all" in message and "checkpoint" in message, message
+
+
 def test_a_checkpoint_that_would_run_code_is_refused_and_never_run(tmp_path):
     marker = tmp_path / "was-run"
 

@@ -6,6 +6,8 @@ __all__ = ["EXPECTED", "INTERRUPTED", "TERMINATED", "Terminated", "Epilogue", "r
 # %% ../../notebooks/A3_command_lines.ipynb #cli-epilogue
 # How every command line ends: each way of stopping early, one paragraph and one exit code.
 import errno
+import os
+import re
 import signal
 import sys
 import threading
@@ -112,7 +114,20 @@ def _then(kept: str, rest: str) -> str:
 def _no_memory(e: RuntimeError, end: Epilogue) -> str:
     where = "the GPU" if isinstance(e, torch.OutOfMemoryError) else "this machine"
     said = ". ".join(_first(e).split(". ")[:2])  # PyTorch's first words: what it tried
+    asked = re.search(r"allocate (\d+) bytes", str(e))
+    if asked and int(asked[1]) > _memory_bytes():  # no machine like this one could hold it
+        return (
+            f"{where} was asked for {int(asked[1]) / 2**30:,.0f} GiB at once ({said}), more than "
+            f"this machine has in all: a size in the configuration or the checkpoint is far too "
+            f"large (model.d_model, d_ff, d_k, max_len, the vocabulary, the batch). Correct it, "
+            f"then run the command again."
+        )
     return f"{where} ran out of memory ({said}). {_then('', end.memory)}, then {end.again}."
+
+
+def _memory_bytes() -> int:
+    """This machine's memory in all (physical pages times their size)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _cannot_write(e: OSError, end: Epilogue) -> str:
