@@ -154,6 +154,16 @@ def test_other_mistakes_get_messages(tmp_path):
         prepare_parallel(*only_long, tmp_path / "o2")
 
 
+def test_prepare_out_naming_a_file_is_refused_and_the_file_kept(tmp_path, capsys):
+    files = write_corpus(tmp_path / "c", [("a b", "c d")] * 3)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    with pytest.raises(SystemExit) as stop:
+        prepare.main(["--src", str(files[0]), "--tgt", str(files[1]), "--out", str(notes)])
+    assert stop.value.code == 2 and notes.read_text() == "mine\n"
+    assert f"--out {notes} is a file; give a folder" in capsys.readouterr().err
+
+
 def test_a_tokenizer_that_cannot_be_read_is_a_message_with_exit_2(tmp_path, capsys):
     """prepare --tokenizer given a damaged run.json, one with no configuration, or a file that
     is not a SentencePiece model: exit 2 and what to give instead, nothing written."""
