@@ -112,10 +112,12 @@ TINY = sets("model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "data
 TINY += sets("log_every=1")
 
 
-def run_trainer(*args, launcher=None, timeout=300, check=True, **env_extra):
+def run_trainer(*args, launcher=None, timeout=300, check=True, cwd=None, **env_extra):
     env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
+    if cwd:  # the package from this checkout, wherever the command runs
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = (launcher or [sys.executable, "-m"]) + ["annotated.cli.train", "--no-progress", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     if check:
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r

@@ -88,6 +88,21 @@ def test_the_parallel_configuration_trains_and_evaluates_through_the_command_lin
     assert set(scores["evaluation"]["tests"]) == {"t16", "valid"}
 
 
+def test_a_relative_data_path_is_kept_resolved_for_every_later_command(prepared, tmp_path):
+    """--set data.path=RELATIVE, as the chapter writes it: the run records the folder resolved,
+    so evaluate works from another folder and --resume with the absolute path is the same data."""
+    out = tmp_path / "run"
+    relative = f"data.path={prepared.folder.name}"  # relative to the folder it is run from
+    run_trainer("--config", "parallel", *sets(relative), *TINY_MODEL, "--max-steps", "2",
+                "--out", str(out), cwd=prepared.folder.parent)  # fmt: skip
+    recorded = json.loads((out / "run.json").read_text())["config"]["data"]["path"]
+    assert recorded == str(prepared.folder.resolve())
+    run_trainer("--config", "parallel", *sets(f"data.path={prepared.folder.resolve()}"),
+                *TINY_MODEL, "--max-steps", "3", "--out", str(out), "--resume")  # fmt: skip
+    args = ["--run", str(out), "--results", str(tmp_path / "results"), "--limit", "3"]
+    assert evaluate.main(args) == 0  # from this process's folder, not the one trained from
+
+
 def test_the_command_line_prepares_a_tsv_and_refuses_what_is_wrong(tmp_path, capsys):
     pairs = load_multi30k("train")[:300]
     tsv = tmp_path / "pairs.tsv"

@@ -24,6 +24,11 @@ class ParallelData(TaskData):
 
     path: str = ""  # --set data.path=FOLDER
 
+    def __post_init__(self) -> None:
+        if self.path:  # kept resolved, so that the run finds its data from any folder
+            self.path = str(Path(self.path).expanduser().resolve())
+        super().__post_init__()
+
     def rules(self) -> list[tuple[bool, str, str]]:
         written = not self.path or (Path(self.path) / MANIFEST).is_file()
         return [(written, "data.path", "must name a folder that prepare wrote (prepared.json)")]
