@@ -12,7 +12,7 @@ from annotated.data.parallel import check_pair, load_prepared, prepare_parallel,
 from annotated.errors import DataError
 from annotated.training.registry import TASKS, build_config
 
-from helpers import run_trainer, sets
+from helpers import run_trainer, sets, tiny_copy
 
 TINY_MODEL = sets("model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2", "log_every=1")
 
@@ -277,6 +277,26 @@ def test_tensorboard_holds_the_runs_curves_and_the_evaluated_bleu(prepared, tmp_
     per_checkpoint = events.Scalars("bleu/t16")  # each kept checkpoint, scored on its own
     assert [p.step for p in per_checkpoint] == [2, 4]
     assert [p.step for p in events.Scalars("bleu/t16 (averaged)")] == [4]
+
+
+def test_a_resumed_run_keeps_the_tensorboard_point_of_the_step_it_resumed_from(tmp_path):
+    """Steps 3 and 4 logged, then killed with only checkpoint 2 kept: the resumed session hides
+    what came after step 2 and logs it again, so every step shows once, as metrics.jsonl has it."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, board = tmp_path / "run", tmp_path / "board"
+    tiny_copy(out, *sets("max_steps=4", "checkpoint_every=2", "log_every=1", "keep_last=5"),
+              "--tensorboard", str(board))  # fmt: skip
+    (out / "checkpoints" / "ckpt_00000004.pt").unlink()  # as if killed before saving step 4
+    tiny_copy(out, *sets("max_steps=4", "checkpoint_every=2", "log_every=1", "keep_last=5"),
+              "--tensorboard", str(board), "--resume")  # fmt: skip
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(board))
+    events.Reload()
+    points = events.Scalars("train/loss")
+    assert [p.step for p in points] == [r["step"] for r in logged] == [1, 2, 3, 4]
+    assert [p.value for p in points] == pytest.approx([r["loss"] for r in logged], rel=1e-6)
 
 
 def test_tensorboard_missing_is_a_message_not_a_traceback(prepared, tmp_path, monkeypatch):

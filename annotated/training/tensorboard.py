@@ -21,7 +21,7 @@ def open_board(folder, step: int = 0):
             "'annotated-transformer-book[tensorboard]' (or pip install tensorboard), or leave "
             "--tensorboard out; metrics.jsonl holds the same curves."
         ) from None
-    return SummaryWriter(str(folder), purge_step=step or None)
+    return SummaryWriter(str(folder), purge_step=step + 1 if step else None)  # keeps `step`
 
 
 def board_record(writer, record: dict) -> None:
