@@ -182,3 +182,17 @@ def test_one_signalled_process_stops_them_all(tmp_path, signalled):
     init = f"file://{tmp_path / 'rendezvous'}"
     mp.spawn(_agree, args=(2, init, signalled, answers), nprocs=2, join=True)
     assert dict(answers) == {0: bool(signalled), 1: bool(signalled)}
+
+
+def test_a_changed_accumulation_is_honoured_when_the_processes_are_as_before(tmp_path, capsys):
+    """batch.accum changed on --resume with the same number of processes: the new value holds.
+    With another number of processes, the checkpoint's micro-batches per step are kept."""
+    from annotated.training.checkpoints import resumed_micro_batches
+
+    path = tmp_path / "run" / "checkpoints" / "ckpt_00000004.pt"
+    saved = {"data": {"micro_batches_per_step": 2}, "world_size": 1}
+    assert resumed_micro_batches(saved, path, 3, rank=0, world=1) == 3  # the user's new accum
+    assert capsys.readouterr().err == ""
+    saved = {"data": {"micro_batches_per_step": 4}, "world_size": 1}
+    assert resumed_micro_batches(saved, path, 2, rank=0, world=2) == 4  # 2 processes x 2
+    assert "each now takes 2 micro-batches a step" in capsys.readouterr().err
