@@ -196,3 +196,20 @@ def test_a_changed_accumulation_is_honoured_when_the_processes_are_as_before(tmp
     saved = {"data": {"micro_batches_per_step": 4}, "world_size": 1}
     assert resumed_micro_batches(saved, path, 2, rank=0, world=2) == 4  # 2 processes x 2
     assert "each now takes 2 micro-batches a step" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "src, tgt, rule",
+    [
+        ("a b", "c d e f", None),  # twice as many words: kept
+        ("a b", "c d e f g", "ratio over 2"),  # more than twice
+        ("a b c d e", "f g", "ratio over 2"),  # either side
+        ("a " * 250, "b " * 200, None),  # 250 words: kept
+        ("a " * 251, "b " * 200, "over 250 words"),
+        ("", "b", "empty side"),
+    ],
+)
+def test_the_cleaning_rules_at_their_edges(src, tgt, rule):
+    from annotated.data.cleaning import rejection
+
+    assert rejection(src.strip(), tgt.strip()) == rule
