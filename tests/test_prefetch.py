@@ -41,6 +41,24 @@ def test_batches_come_in_order_and_equal_the_synchronous_ones():
     assert not prefetch._thread.is_alive()
 
 
+def test_a_step_sent_ahead_is_the_next_one_asked_for():
+    """The thread is made to be ahead before every `get`, so the step already sent to the
+    device is used every time: no step skipped, none given twice."""
+    prefetch = Prefetcher(make, 0, 8, "cpu", background=True, depth=2)
+    try:
+        for step in range(8):
+            need = 2 if step == 0 else int(step < 7)  # this step (at first) and the next one
+            deadline = time.time() + 30
+            while prefetch._queue.qsize() < need and time.time() < deadline:
+                time.sleep(0.01)  # the thread is ahead before `get` is called
+            got, want = prefetch.get(step), make(step)
+            assert all(torch.equal(a.src, b.src) for a, b in zip(got, want)), step
+            if step < 7:
+                assert prefetch._ahead is not None and prefetch._ahead[0] == step + 1
+    finally:
+        prefetch.close()
+
+
 def test_the_loop_waits_only_when_the_thread_is_slower():
     def slow(step):
         time.sleep(0.05)
