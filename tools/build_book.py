@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import yaml
-from run_notebooks import default_jobs, run_all
+from run_notebooks import Interrupted, default_jobs, run_all
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGE = ROOT / "_build" / "source"
@@ -76,6 +76,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=default_jobs())
     parser.add_argument("--record", type=Path, help="also write the times here, with provenance")
     args = parser.parse_args(argv)
+    try:
+        return build(args)
+    except Interrupted as e:
+        print(f"{e} The book was not rendered.", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted while rendering: _build/html is incomplete. Run the same command "
+              "again.", file=sys.stderr)  # fmt: skip
+    return 130
+
+
+def build(args) -> int:
     load = os.getloadavg()[0]
     start = time.perf_counter()
     stage()

@@ -12,7 +12,9 @@ and a notebook whose metadata says `"book": {"after": ["09b_multi30k_results"]}`
 when that one has finished, because it reads what that one trained.
 Each notebook is written to a temporary file and renamed, so an interrupted run never leaves a
 half-written notebook behind; a notebook that fails is reported with its error and the others
-still run. The exit status is 1 when any failed.
+still run. The exit status is 1 when any failed. Ctrl-C stops every notebook within seconds
+(exit status 130), and keeps only the notebooks that had finished. The kernels' own stderr
+(their logs, not the cells' output) goes to `_build/kernels.log`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -32,6 +35,7 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parent.parent
 TIMES = ROOT / "_build" / "notebook-seconds.json"
 FIRST_GUESS = ROOT / "tools" / "notebook-seconds.json"  # the order of a first build
+KERNEL_LOG = ROOT / "_build" / "kernels.log"
 
 
 def run(path: Path, out: Path | None = None, timeout: int = 1800, threads: int = 0) -> float:
@@ -41,12 +45,14 @@ def run(path: Path, out: Path | None = None, timeout: int = 1800, threads: int =
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the kernel it starts
     start = time.perf_counter()
-    NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-    ).execute()
+    KERNEL_LOG.parent.mkdir(parents=True, exist_ok=True)
+    with open(KERNEL_LOG, "a") as log:  # the kernels' own stderr: their logs, not cell output
+        NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
+        ).execute(stderr=log)
     elapsed = time.perf_counter() - start
     for cell in nb.cells:  # keep diffs quiet: no per-run metadata
         cell.metadata.pop("execution", None)
@@ -85,22 +91,25 @@ def run_all(
         times.parent.mkdir(exist_ok=True)
         times.write_text(FIRST_GUESS.read_text())  # a fresh checkout: this repository's times
     known = json.loads(times.read_text()) if times.exists() else {}
+    KERNEL_LOG.unlink(missing_ok=True)  # this run's kernels' logs only
     waiting = sorted(paths, key=lambda p: -float(known.get(p.name, 0)))
     after = {p.name: _after(p) & {q.name for q in paths} for p in paths}
     threads = max(1, (os.cpu_count() or 1) // jobs)
     results: dict[str, float | str] = {}
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        running: set = set()
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_leave_ctrl_c_to_the_main_process)
+    running: dict = {}  # future -> where its notebook is written
+    try:
         while waiting or running:
             ready = [p for p in waiting if after[p.name] <= set(results)]
             for p in ready[: jobs - len(running)]:
                 waiting.remove(p)
                 target = out_dir / p.name if out_dir else None
-                running.add(pool.submit(_job, p, target, timeout, threads))
+                running[pool.submit(_job, p, target, timeout, threads)] = target or p
             if not running:  # what is left waits on a notebook that is not being run
                 raise SystemExit(f"cannot order: {', '.join(p.name for p in waiting)}")
-            done, running = wait(running, return_when=FIRST_COMPLETED)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
+                running.pop(future)
                 name, seconds, error = future.result()
                 results[name] = error or seconds
                 print(f"{name}: {'FAILED' if error else f'{seconds:.1f} s'}", flush=True)
@@ -110,7 +119,48 @@ def run_all(
                     known[name] = seconds
                     times.parent.mkdir(exist_ok=True)
                     times.write_text(json.dumps(known, indent=1, sort_keys=True))
+    except KeyboardInterrupt:  # Ctrl-C: stop every notebook now, not when each has finished
+        _stop(pool, running.values())
+        raise Interrupted(results, len(paths)) from None
+    pool.shutdown()
     return results
+
+
+class Interrupted(Exception):
+    """Ctrl-C during `run_all`: what had finished, of how many."""
+
+    def __init__(self, results: dict, total: int):
+        done = sorted(k for k, v in results.items() if not isinstance(v, str))
+        super().__init__(
+            f"interrupted: {len(done)} of {total} notebooks had finished executing; the others "
+            f"were stopped and nothing half-written was kept. Run the same command again."
+        )
+        self.results = results
+
+
+def _leave_ctrl_c_to_the_main_process() -> None:
+    """A terminal sends Ctrl-C to every process of its foreground group: the workers and their
+    kernels leave that group, so that only the main process hears it, and stops them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _unwind)  # `_stop`'s: nbclient shuts its kernel down on the way
+    os.setsid()
+
+
+def _unwind(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop(pool: ProcessPoolExecutor, targets) -> None:
+    """End the workers at once (each kernel sees its parent gone and exits within a second),
+    then remove what a worker stopped mid-write may have left."""
+    workers = list(getattr(pool, "_processes", {}).values())
+    for worker in workers:
+        worker.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.join(timeout=10)
+    for target in targets:
+        Path(target).with_suffix(".ipynb.tmp").unlink(missing_ok=True)
 
 
 def default_jobs() -> int:
@@ -126,7 +176,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
     start = time.perf_counter()
-    results = run_all([p.resolve() for p in paths], args.out, args.jobs, args.timeout)
+    try:
+        results = run_all([p.resolve() for p in paths], args.out, args.jobs, args.timeout)
+    except Interrupted as e:
+        print(e, file=sys.stderr)
+        return 130
     failed = [k for k, v in results.items() if isinstance(v, str)]
     print(f"{len(results)} notebooks in {time.perf_counter() - start:.0f} s, {args.jobs} at a time")
     if failed:
