@@ -61,6 +61,32 @@ def test_prepare_reads_files_as_they_are_and_writes_what_training_needs(corpus, 
     assert str(root) not in json.dumps(manifest)  # every path relative: the folder can move
 
 
+def test_a_corpus_fixed_in_place_is_prepared_again_not_taken_for_done(tmp_path):
+    """Two target lines swapped, the files' sizes unchanged: prepare sees new text, cleans and
+    encodes it again; the same files again change nothing."""
+    pairs = [
+        (f"a small dog number {i} runs", f"ein kleiner Hund Nummer {i} rennt") for i in range(300)
+    ]
+    files = write_corpus(tmp_path / "text", pairs)
+    first = prepare_parallel(*files, tmp_path / "data", vocab_size=200)
+    encoded = first.folder / "encoded" / "train"
+    before = (encoded / "header.json").stat().st_mtime_ns
+    again = prepare_parallel(*files, tmp_path / "data", vocab_size=200)
+    assert (encoded / "header.json").stat().st_mtime_ns == before  # nothing to redo
+    lines = files[1].read_text(encoding="utf-8").splitlines()
+    lines[10], lines[20] = lines[20], lines[10]  # same length: "Nummer 10" and "Nummer 20"
+    size = files[1].stat().st_size
+    files[1].write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    assert files[1].stat().st_size == size
+    fixed = prepare_parallel(*files, tmp_path / "data", vocab_size=200)
+    corpus = fixed.corpus("train")
+    targets = [fixed.tokenizer.decode(corpus.pair(i)[1].tolist()) for i in range(len(corpus))]
+    assert "ein kleiner Hund Nummer 20 rennt" in targets and len(targets) == 300
+    sources = [fixed.tokenizer.decode(corpus.pair(i)[0].tolist()) for i in range(len(corpus))]
+    assert dict(zip(sources, targets))["a small dog number 10 runs"].endswith("Nummer 20 rennt")
+    assert again.tokenizer.fingerprint == first.tokenizer.fingerprint
+
+
 def test_the_parallel_task_batches_every_pair_once_and_names_its_test_sets(prepared):
     cfg = build_config("parallel", [f"data.path={prepared.folder}"])
     task = TASKS["parallel"](cfg)

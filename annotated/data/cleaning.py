@@ -8,6 +8,7 @@ __all__ = [
     "LINE_BREAKS",
     "rejection",
     "one_line",
+    "file_identity",
     "clean_corpora",
     "read_pairs",
     "sample_pairs",
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..files import atomic_path
+from .download import sha256_of
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c020
 MAX_WORDS = 250  # a longer side is dropped
@@ -98,13 +100,18 @@ def _clean_one(files: tuple[Path, Path], out: tuple[Path, Path], seen: set, name
 
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c024
+def file_identity(path) -> dict:
+    """What a file holds, in short: its size and SHA-256."""
+    return {"bytes": os.path.getsize(path), "sha256": sha256_of(path)}
+
+
 def clean_corpora(corpora: dict[str, dict[str, Path]], langs: tuple[str, str], out: Path) -> dict:
     """Clean each corpus (name -> language -> file) in order into out/<name>.<lang>, dropping
     exact duplicates across corpora too. Returns (and keeps in out/cleaning.json) the counts."""
     out = Path(out)
     record = out / "cleaning.json"
-    inputs = {
-        name: {lang: os.path.getsize(files[lang]) for lang in langs}
+    inputs = {  # what the files hold, not their sizes: a corpus fixed in place is cleaned again
+        name: {lang: file_identity(files[lang]) for lang in langs}
         for name, files in corpora.items()
     }
     try:

@@ -131,10 +131,11 @@ class EncodedCorpus:
         return self.tokens[start:middle], self.tokens[middle : middle + n_tgt]
 
 
-def is_encoded(folder, fingerprint: str) -> bool:
-    """True if `folder` holds a complete, undamaged encoding made with tokenizer `fingerprint`."""
+def is_encoded(folder, fingerprint: str, about: dict | None = None) -> bool:
+    """True if `folder` holds a complete, undamaged encoding made with tokenizer `fingerprint`
+    (and, if given, from the text that `about` describes)."""
     try:
-        EncodedCorpus(folder, fingerprint)
-        return True
+        header = EncodedCorpus(folder, fingerprint).header
     except (DataError, OSError, ValueError):
         return False
+    return about is None or header.get("about") == about
