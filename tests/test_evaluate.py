@@ -73,6 +73,25 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
     assert not list(out.glob("*.tmp"))
 
 
+def test_a_checkpoint_pruned_while_scoring_each_is_skipped_not_an_error(
+    copy_run, monkeypatch, tmp_path
+):
+    """--plot on a run still training: a checkpoint listed, then pruned by the trainer before
+    it is read, is left out of the per-checkpoint curve; one that exists but is damaged is not."""
+    pairs = [("3 4 5", "3 4 5"), ("7 8 9", "7 8 9")]
+    monkeypatch.setattr(CopyTask, "test_sets", staticmethod(lambda cfg: {"toy": lambda: pairs}))
+    listed = evaluation.checkpoint_paths(copy_run)
+    pruned = listed[0].with_name("ckpt_00000050.pt")  # listed, gone by the time it is read
+    monkeypatch.setattr(evaluation, "checkpoint_paths", lambda run: [pruned, *listed])
+    scores = evaluation.bleu_per_checkpoint(copy_run, beam_size=1)
+    assert sorted(scores) == [100, 200, 300, 400]
+    damaged = tmp_path / "ckpt_00000050.pt"
+    damaged.write_bytes(b"not a checkpoint")
+    monkeypatch.setattr(evaluation, "checkpoint_paths", lambda run: [damaged, *listed])
+    with pytest.raises(TrainingError):
+        evaluation.bleu_per_checkpoint(copy_run, beam_size=1)
+
+
 def test_evaluate_refuses_runs_it_cannot_score(copy_run, tmp_path):
     with pytest.raises(TrainingError, match="no checkpoints in"):
         evaluation.evaluate_run(tmp_path)

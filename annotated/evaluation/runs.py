@@ -194,7 +194,12 @@ def bleu_per_checkpoint(
     set (its first `limit` sentences when given)."""
     scores = {}
     for path in checkpoint_paths(Path(run_dir)):
-        model, tokenizer, cfg = load_model([path], device)
+        try:
+            model, tokenizer, cfg = load_model([path], device)
+        except TrainingError:
+            if path.exists():
+                raise  # damaged, or not this code's: the message says which
+            continue  # pruned by a trainer still running there since the folder was listed
         load = next(iter(TASKS[cfg.task].test_sets(cfg).values()))
         pairs = load()[:limit] if limit else load()
         bleu = score(model, tokenizer, pairs, beam_size=beam_size, alpha=alpha)["sacrebleu"]
