@@ -120,8 +120,12 @@ def test_typed_sentences_get_a_translation_or_a_clear_message(page):
     assert shown["greedy"] and shown["beam"] and shown["status"].startswith("greedy")
     assert page.locator('[data-lt="chart"] svg, [data-lt="chart"] canvas').count() == 1
     assert type_and_wait(page, "   ")["status"] == "Type an English sentence first."
-    too_long = type_and_wait(page, " ".join(["dog"] * 400))["status"]
-    assert too_long.startswith("Could not translate:") and "shorter sentences" in too_long
+    assert type_and_wait(page, "A dog runs.")["beam"]  # a translation on screen, then an error:
+    too_long = type_and_wait(page, " ".join(["dog"] * 400))
+    assert too_long["status"].startswith("Could not translate:")
+    assert "shorter sentences" in too_long["status"]
+    assert too_long["greedy"] == too_long["beam"] == ""  # the last sentence's are gone
+    assert page.locator('[data-lt="chart"] svg, [data-lt="chart"] canvas').count() == 0
     for text in ("A child 🙂 smiles at the 🐶 dog.", "Ein Mann fährt Fahrrad."):
         shown = type_and_wait(page, text)
         assert shown["status"].startswith("greedy") and shown["beam"], (text, shown)

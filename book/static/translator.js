@@ -215,7 +215,10 @@
           spec.datasets[spec.data.name] = mapRows(model, beam);
           await vegaEmbed($("chart"), spec, { actions: false });
         }
-      } catch (e) {
+      } catch (e) { // no translation on screen that is not of the sentence in the box
+        $("greedy").textContent = "";
+        $("beam").textContent = "";
+        $("chart").replaceChildren();
         status.textContent = `Could not translate: ${e.message}`;
       } finally {
         $("go").disabled = false;
