@@ -50,3 +50,13 @@ def test_the_sweep_lists_its_trials_and_what_each_changes():
     trials, _ = sweeps()["multi30k"]
     listed = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
     assert listed == list(trials), r.stdout
+
+
+def test_a_gpu_trial_with_a_time_budget_trains_for_minutes_not_steps(tmp_path):
+    """--minutes M: each trial's command sets max_minutes and leaves the profile's max_steps."""
+    cmd = tool().train_command("multi30k", "N3-d256", 0, tmp_path, False, 6.0)
+    sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+    assert "max_minutes=6.0" in sets and not any(s.startswith("max_steps=") for s in sets)
+    assert cmd[cmd.index("--out") + 1] == str(tmp_path / "N3-d256")
+    cmd = tool().train_command("multi30k", "N3-d256", 1000, tmp_path, False)
+    assert "max_steps=1000" in cmd and not any("max_minutes" in a for a in cmd)
