@@ -52,6 +52,7 @@ def run(path: Path, out: Path | None = None, timeout: int = 1800, threads: int =
             timeout=timeout,
             kernel_name="python3",
             resources={"metadata": {"path": str(path.parent)}},
+            shutdown_kernel="immediate",  # at the end, or at Ctrl-C: no wait on a busy kernel
         ).execute(stderr=log)
     elapsed = time.perf_counter() - start
     for cell in nb.cells:  # keep diffs quiet: no per-run metadata
@@ -159,6 +160,9 @@ def _stop(pool: ProcessPoolExecutor, targets) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     for worker in workers:
         worker.join(timeout=10)
+        if worker.is_alive():  # still shutting its kernel down: end it now
+            worker.kill()
+            worker.join()
     for target in targets:
         Path(target).with_suffix(".ipynb.tmp").unlink(missing_ok=True)
 

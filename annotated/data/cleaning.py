@@ -8,7 +8,6 @@ __all__ = [
     "LINE_BREAKS",
     "rejection",
     "one_line",
-    "file_identity",
     "clean_corpora",
     "read_pairs",
     "sample_pairs",
@@ -18,7 +17,6 @@ __all__ = [
 # Cleaning a parallel corpus by stated rules, each one counted, and drawing a seeded random sample.
 import hashlib
 import json
-import os
 import random
 from collections import Counter
 from itertools import zip_longest
@@ -26,7 +24,7 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..files import atomic_path
-from .download import sha256_of
+from .download import identity
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c020
 MAX_WORDS = 250  # a longer side is dropped
@@ -100,20 +98,12 @@ def _clean_one(files: tuple[Path, Path], out: tuple[Path, Path], seen: set, name
 
 
 # %% ../../notebooks/10_wmt14_data.ipynb #c024
-def file_identity(path) -> dict:
-    """What a file holds, in short: its size and SHA-256."""
-    return {"bytes": os.path.getsize(path), "sha256": sha256_of(path)}
-
-
 def clean_corpora(corpora: dict[str, dict[str, Path]], langs: tuple[str, str], out: Path) -> dict:
     """Clean each corpus (name -> language -> file) in order into out/<name>.<lang>, dropping
     exact duplicates across corpora too. Returns (and keeps in out/cleaning.json) the counts."""
     out = Path(out)
     record = out / "cleaning.json"
-    inputs = {  # what the files hold, not their sizes: a corpus fixed in place is cleaned again
-        name: {lang: file_identity(files[lang]) for lang in langs}
-        for name, files in corpora.items()
-    }
+    inputs = identity(corpora)  # contents: a file fixed in place is cleaned again
     try:
         done = json.loads(record.read_text())
     except (OSError, ValueError):  # missing, or unreadable: the step runs again

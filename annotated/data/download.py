@@ -8,6 +8,7 @@ __all__ = [
     "cache_dir",
     "data_root",
     "sha256_of",
+    "identity",
     "verify_sha256",
     "verify_file",
     "read_lines",
@@ -65,6 +66,13 @@ def sha256_of(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def identity(files) -> dict:
+    """What a file holds, in short (its size and SHA-256), or each file of a nested mapping."""
+    if isinstance(files, dict):
+        return {key: identity(value) for key, value in files.items()}
+    return {"bytes": os.path.getsize(files), "sha256": sha256_of(files)}
 
 
 def verify_sha256(path: str | Path, expected: str) -> None:

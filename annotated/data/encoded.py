@@ -132,8 +132,7 @@ class EncodedCorpus:
 
 
 def is_encoded(folder, fingerprint: str, about: dict | None = None) -> bool:
-    """True if `folder` holds a complete, undamaged encoding made with tokenizer `fingerprint`
-    (and, if given, from the text that `about` describes)."""
+    """Does `folder` hold a whole encoding by tokenizer `fingerprint` (and `about`, if given)?"""
     try:
         header = EncodedCorpus(folder, fingerprint).header
     except (DataError, OSError, ValueError):

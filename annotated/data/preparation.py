@@ -20,7 +20,8 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..files import hold_lock
-from .cleaning import clean_corpora, file_identity, read_pairs, sample_pairs
+from .cleaning import clean_corpora, read_pairs, sample_pairs
+from .download import identity
 from .encoded import EncodedCorpus, is_encoded, write_encoded
 from .tokenizer import TOKENIZER_OPTIONS, Tokenizer, load_tokenizer, train_tokenizer
 from .wmt14 import default_scale, load_test_set, raw_files, wmt14_folder
@@ -59,9 +60,7 @@ def _cleaned(folder: Path, cleaning: dict, langs) -> list[tuple[Path, Path]]:
 def _tokenizer(folder: Path, cleaning: dict, langs, vocab_size: int, sentences: int, seed: int):
     """The shared BPE model, learned on `sentences` sentences (both sides of sentences // 2
     random pairs) and cached under a name that hashes everything it depends on."""
-    inputs = json.dumps(
-        [cleaning["inputs"], cleaning["rows"], vocab_size, sentences, seed, TOKENIZER_OPTIONS]
-    )
+    inputs = json.dumps([cleaning, vocab_size, sentences, seed, TOKENIZER_OPTIONS])
     key = hashlib.sha256(inputs.encode()).hexdigest()[:12]
     path = folder / "tokenizer" / f"bpe{vocab_size}_{key}.model"
     if not path.is_file():
@@ -87,8 +86,7 @@ def prepare_raw(
 ) -> Prepared:
     """The pipeline on plain text files (split -> corpus -> language -> file): clean the
     "train" corpora, learn the shared BPE, encode "train" and, if there is one, "dev". Each
-    step finds its verified result or makes it. A given `tokenizer` replaces the learned one.
-    Chapter 13 runs it on a corpus of your own."""
+    step finds its verified result or makes it. A given `tokenizer` replaces the learned one."""
     src, tgt = pair.split("-")
     langs = (src, tgt)
     cleaning = clean_corpora(raw["train"], langs, folder / "clean")
@@ -100,17 +98,13 @@ def prepare_raw(
     if tokenizer is None:
         tokenizer = _tokenizer(folder, cleaning, langs, vocab_size, tokenizer_sentences, seed)
     sources = {"train": lambda: read_pairs(_cleaned(folder / "clean", cleaning, langs))}
-    made_from = {"train": cleaning["inputs"]}  # the text each split is encoded from
     if "dev" in raw:
         sources["dev"] = lambda: load_test_set(raw["dev"], pair)
-        made_from["dev"] = {
-            name: {lang: file_identity(f) for lang, f in files.items()}
-            for name, files in raw["dev"].items()
-        }
     encoded = {}
     for split, pairs in sources.items():
         encoded[split] = folder / "encoded" / split
-        about = {"pair": pair, "split": split, "from": made_from[split]}
+        text = cleaning["inputs"] if split == "train" else identity(raw[split])
+        about = {"pair": pair, "split": split, "from": text}
         if not is_encoded(encoded[split], tokenizer.fingerprint, about):
             write_encoded(encoded[split], pairs(), tokenizer, about=about)
     return Prepared(pair, scale, folder, tokenizer, encoded, raw, cleaning)
