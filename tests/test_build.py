@@ -63,14 +63,24 @@ def test_ctrl_c_stops_the_build_within_seconds_and_the_next_build_passes(tmp_pat
         notebook(src / f"{name}.ipynb", marker)
     command = [sys.executable, str(ROOT / "tools" / "run_notebooks.py"), "--jobs", "2"]
     command += ["--out", str(out), *(str(src / f"{n}.ipynb") for n in "abc")]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job has
+        # and Ctrl-C heard, as from a terminal: a background job (`make test &`, CI) ignores
+        # SIGINT, and its children would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     deadline = time.time() + 120
     while (not pidfile.exists() or len(pidfile.read_text().split()) < 2) and time.time() < deadline:
         time.sleep(0.1)  # both kernels are in their long cell
     os.killpg(proc.pid, signal.SIGINT)
     start = time.time()
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"still running 60 s after Ctrl-C; its stderr:\n{err}") from None
     assert time.time() - start < 15 and proc.returncode == 130, (proc.returncode, err)
     assert "interrupted: 0 of 3 notebooks had finished executing" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import yaml
-from run_notebooks import Interrupted, default_jobs, run_all
+from run_notebooks import Interrupted, default_jobs, exit_now, run_all
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGE = ROOT / "_build" / "source"
@@ -80,6 +80,7 @@ def main(argv: list[str]) -> int:
         return build(args)
     except Interrupted as e:
         print(f"{e} The book was not rendered.", file=sys.stderr)
+        exit_now(130)
     except KeyboardInterrupt:
         print("interrupted while rendering: _build/html is incomplete. Run the same command "
               "again.", file=sys.stderr)  # fmt: skip

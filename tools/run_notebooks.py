@@ -139,6 +139,14 @@ class Interrupted(Exception):
         self.results = results
 
 
+def exit_now(code: int) -> None:
+    """End at once after Ctrl-C: the process pool's exit handler could otherwise wait on a queue
+    that a worker ended mid-write will never read again."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _leave_ctrl_c_to_the_main_process() -> None:
     """A terminal sends Ctrl-C to every process of its foreground group: the workers and their
     kernels leave that group, so that only the main process hears it, and stops them."""
@@ -184,7 +192,7 @@ def main(argv: list[str]) -> int:
         results = run_all([p.resolve() for p in paths], args.out, args.jobs, args.timeout)
     except Interrupted as e:
         print(e, file=sys.stderr)
-        return 130
+        exit_now(130)
     failed = [k for k, v in results.items() if isinstance(v, str)]
     print(f"{len(results)} notebooks in {time.perf_counter() - start:.0f} s, {args.jobs} at a time")
     if failed:
