@@ -131,12 +131,11 @@ class Interrupted(Exception):
     """Ctrl-C during `run_all`: what had finished, of how many."""
 
     def __init__(self, results: dict, total: int):
-        done = sorted(k for k, v in results.items() if not isinstance(v, str))
+        done = sum(not isinstance(v, str) for v in results.values())
         super().__init__(
-            f"interrupted: {len(done)} of {total} notebooks had finished executing; the others "
+            f"interrupted: {done} of {total} notebooks had finished executing; the others "
             f"were stopped and nothing half-written was kept. Run the same command again."
         )
-        self.results = results
 
 
 def exit_now(code: int) -> None:
@@ -160,8 +159,8 @@ def _unwind(signum, frame) -> None:
 
 
 def _stop(pool: ProcessPoolExecutor, targets) -> None:
-    """End the workers at once (each kernel sees its parent gone and exits within a second),
-    then remove what a worker stopped mid-write may have left."""
+    """End the workers at once (each unwinds through nbclient, which shuts its kernel down; one
+    still at it after ten seconds is killed), then remove what one stopped mid-write left."""
     workers = list(getattr(pool, "_processes", {}).values())
     for worker in workers:
         worker.terminate()

@@ -218,15 +218,9 @@ def run_parallel(
                 continue
             record = record_trial(config, n, cmds[n], steps, wall, None, None)
             if minutes:
-                record |= {"max_minutes": minutes, "steps": metrics_steps(runs / n)}
+                record["max_minutes"] = minutes
             records.append({**record, "trained_at_once": len(group)})
     return records
-
-
-def metrics_steps(run: Path) -> int:
-    """The last step a run logged."""
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return int(json.loads(lines[-1])["step"])
 
 
 def record_trial(config, name, cmd, steps, wall, seconds, per_step) -> dict:
@@ -242,6 +236,7 @@ def record_trial(config, name, cmd, steps, wall, seconds, per_step) -> dict:
         "trial": name,
         "overrides": overrides,
         "max_steps": steps,
+        "steps": metrics[-1]["step"],  # as trained: a time budget may stop it before max_steps
         "measured_s_per_step": per_step,
         "training_seconds": metrics[-1]["elapsed_s"],
         "over_budget": bool(seconds) and metrics[-1]["elapsed_s"] > seconds * 1.05,
@@ -318,9 +313,8 @@ def main() -> int:
             continue
         t = record["test2016"]
         lc = t.get("tokenized_lowercased_bleu")
-        steps = record.get("steps", record["max_steps"])
         print(
-            f"{record['trial']}: {steps} steps in {record['training_seconds']:.0f} s,"
+            f"{record['trial']}: {record['steps']} steps in {record['training_seconds']:.0f} s,"
             f" test2016 sacreBLEU {t['sacrebleu']:.2f}"
             + (f", tokenized lowercased {lc:.2f}" if lc is not None else "")
             + f" {record.get('test2016_by_average', '')}",

@@ -2,7 +2,6 @@
 
 # %% auto #0
 __all__ = [
-    "RESTORE",
     "RUN_IDENTITY",
     "read_metrics",
     "read_json",
@@ -75,10 +74,10 @@ def _is_metrics_record(record) -> bool:
     )
 
 
-RESTORE = "restore it, or delete it to let --resume write a new one"
+_RESTORE = "restore it, or delete it to let --resume write a new one"
 
 
-def read_json(path: Path, fix: str = RESTORE) -> dict:
+def read_json(path: Path, fix: str = _RESTORE) -> dict:
     """A JSON file written by the trainer (run.json), or a TrainingError that says what to do
     (`fix`: what the reader of the message can do about a damaged file)."""
     try:
