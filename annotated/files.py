@@ -15,9 +15,11 @@ __all__ = [
 # %% ../notebooks/A1_files_and_locks.ipynb #c003
 # Writing files so that readers see the old version or the new one, whole, and locks that keep
 # one process at a time in a folder. Every module that writes uses these (appendix A1).
-import fcntl
+import errno
+import importlib
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +30,10 @@ from .errors import TrainingError
 
 # %% ../notebooks/A1_files_and_locks.ipynb #c005
 def _sync(path: Path) -> None:
-    """Flush a file's data, or a folder's list of names, to the disk."""
+    """Flush a file's data, or a folder's list of names, to the disk. A folder on Windows,
+    which cannot be opened, is left to the file system."""
+    if os.name == "nt" and path.is_dir():
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -100,16 +105,77 @@ def refuse_link(path: Path) -> None:
         )
 
 
+# Never through a link (O_NOFOLLOW, not on Windows); bytes as written (O_BINARY, Windows only).
+_OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+
+
 def open_in_place(path: Path, mode: str = "a"):
     """Open `path` for appending ("a") or reading and appending ("a+"), creating it, but never
     through a symbolic link."""
-    flags = os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | (os.O_RDWR if "+" in mode else os.O_WRONLY)
+    refuse_link(path)  # the only check where the system has no O_NOFOLLOW
+    flags = os.O_CREAT | os.O_APPEND | _OPEN_FLAGS | (os.O_RDWR if "+" in mode else os.O_WRONLY)
     try:
         fd = os.open(path, flags, 0o644)
     except OSError:
-        refuse_link(path)  # O_NOFOLLOW met a link
+        refuse_link(path)  # O_NOFOLLOW met a link planted since the check
         raise
     return os.fdopen(fd, mode, encoding="utf-8")
+
+
+def _module(name: str):
+    """The standard module `name`, or None on a system that has none."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+_fcntl = _module("fcntl")  # Unix: flock, a lock on the whole file
+_msvcrt = _module("msvcrt")  # Windows: a lock on a range of bytes
+_LOCKED_BYTE = 2**30  # on Windows: far past any text, which stays readable to others
+_HELD = {errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK, errno.EDEADLK}  # another holder
+
+
+def _lock_byte(fd: int, mode: int) -> None:
+    """msvcrt's lock on the byte at _LOCKED_BYTE (it locks from the file's position, which is
+    moved there and back)."""
+    where = os.lseek(fd, 0, os.SEEK_CUR)
+    os.lseek(fd, _LOCKED_BYTE, os.SEEK_SET)
+    try:
+        _msvcrt.locking(fd, mode, 1)
+    finally:
+        os.lseek(fd, where, os.SEEK_SET)
+
+
+def _try_lock(fd: int, shared: bool = False) -> bool:
+    """Lock the open file `fd` without waiting: True when taken, False when another holds it.
+    Exclusive, or `shared` with other shared holders where the system has such locks (Unix).
+    The lock lasts until `fd` is closed or the process ends, however it ends."""
+    try:
+        if _fcntl:
+            _fcntl.flock(fd, (_fcntl.LOCK_SH if shared else _fcntl.LOCK_EX) | _fcntl.LOCK_NB)
+        elif _msvcrt:
+            _lock_byte(fd, _msvcrt.LK_NBLCK)
+        else:
+            raise TrainingError(
+                "this Python has no file locks (neither fcntl nor msvcrt), and without them "
+                "nothing keeps a second process out of a folder in use. Run the command with "
+                "CPython on Linux, macOS or Windows."
+            )
+    except OSError as e:
+        if e.errno in _HELD:
+            return False
+        raise
+    return True
+
+
+def _wait_lock(fd: int) -> None:
+    """Lock the open file `fd` exclusively, waiting for any other holder."""
+    if _fcntl:
+        _fcntl.flock(fd, _fcntl.LOCK_EX)
+        return
+    while not _try_lock(fd):
+        time.sleep(0.1)  # Windows' own wait gives up after ten seconds
 
 
 @contextmanager
@@ -118,7 +184,7 @@ def hold_lock(path) -> Iterator[None]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open_in_place(path) as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released on close, or when the process ends
+        _wait_lock(handle.fileno())  # released on close, or when the process ends
         yield
 
 
@@ -127,16 +193,14 @@ def lock_out_dir(out: Path):
     The operating system releases it when the process ends, however it ends."""
     out.mkdir(parents=True, exist_ok=True)
     handle = open_in_place(out / "trainer.lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    if not _try_lock(handle.fileno()):
         handle.seek(0)
         owner = handle.read().strip() or "another process"
         handle.close()
         raise TrainingError(
             f"{out} is in use by another trainer ({owner}); wait for it to finish, stop it, "
             f"or choose another --out."
-        ) from None
+        )
     handle.truncate(0)
     handle.write(f"pid {os.getpid()}")
     handle.flush()
@@ -146,13 +210,14 @@ def lock_out_dir(out: Path):
 def lock_holder(out: Path) -> str | None:
     """Who holds out/trainer.lock ("pid N"), or None when no trainer is running there. Only
     reads: the lock file is neither created nor changed."""
+    path = out / "trainer.lock"
+    if path.is_symlink():
+        return None  # a link there: no trainer of ours
     try:
-        fd = os.open(out / "trainer.lock", os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
     except OSError:
-        return None  # no lock file (or a link there): no trainer of ours
-    with os.fdopen(fd) as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return handle.read().strip() or "another process"
-    return None
+        return None  # no lock file: no trainer
+    with os.fdopen(fd, encoding="utf-8") as handle:
+        if _try_lock(fd, shared=True):
+            return None
+        return handle.read().strip() or "another process"

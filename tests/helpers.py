@@ -142,7 +142,8 @@ def checkpoint_names(out: Path) -> list[str]:
     return [p.name for p in sorted((out / "checkpoints").glob("ckpt_*.pt"))]
 
 
-TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+# torchrun as the book launches it (appendix A4): its options, and the trainers' exit code
+TORCHRUN_2 = [sys.executable, "-m", "annotated.cli.launch", "--standalone", "--nproc_per_node"]
 TORCHRUN_2 += ["2", "-m"]
 
 

@@ -283,7 +283,7 @@ def _fault(kind: str, cmd: list[str], out: Path, rng: random.Random) -> int:
                     proc.send_signal(signal.SIGTERM)
                 else:
                     os.killpg(proc.pid, signal.SIGKILL)
-        said, err = proc.communicate(timeout=120)
+        said, err = proc.communicate(timeout=240)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # nothing of it outlives the test
@@ -315,7 +315,9 @@ def test_faults_at_random_points_of_a_two_process_run_lose_nothing(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a), (seed, codes)
     assert _logged_steps(out) == list(range(1, 301)), (seed, codes)
     assert not [p for p in (out / "checkpoints").iterdir() if p.suffix == ".tmp"], (seed, codes)
-    assert {code for _, code in codes} <= {0, 1, 2, 75, -9}, (seed, codes)
+    # through the launcher: done, an error said (the full disk), stopped and saved, stopped
+    # before a save (SIGTERM while starting), or the launcher itself killed
+    assert {code for _, code in codes} <= {0, 2, 75, 143, -9}, (seed, codes)
     print(f"FAULT_SEED={seed}: {codes}")  # shown with pytest -s
 
 
@@ -333,9 +335,12 @@ def test_when_one_process_dies_the_other_says_how_to_continue(tmp_path):
             time.sleep(0.05)
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
         os.kill(int(children[-1]), signal.SIGKILL)  # the second trainer
-        _, err = proc.communicate(timeout=90)
+        _, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
     survivor = [line for line in err.splitlines() if "another process of this run stopped" in line]
     assert survivor and "--resume" in survivor[0], err[-3000:]
+    # the launcher names the process that could not speak, and exits as a SIGKILL does
+    assert "process 1 of the run was killed by signal 9" in err, err[-3000:]
+    assert proc.returncode == 128 + 9 and "ChildFailedError" not in err, proc.returncode
     assert "[rank0]: RuntimeError" not in err and "[rank0]: Traceback" not in err, err[-3000:]

@@ -49,14 +49,34 @@ def test_pip_install_into_an_empty_environment(tmp_path):
     assert "site-packages" in where and "EncoderDecoder" in where
     for name in COMMANDS:
         assert "usage:" in run("-m", f"annotated.cli.{name}", "--help")
-    # the licence travels with the package, as an SPDX expression and as the file itself
+    # the licence travels with the package, as an SPDX expression and as the file itself, and
+    # the distribution's version is the package's own
     meta = run(
         "-c",
-        "from importlib.metadata import distribution as d; "
+        "import annotated; from importlib.metadata import distribution as d; "
         "m = d('annotated-transformer-book'); print(m.metadata['License-Expression']); "
-        "print(any(f.name == 'LICENSE' for f in m.files))",
+        "print(any(f.name == 'LICENSE' for f in m.files)); print(m.version, annotated.__version__)",
     )
-    assert meta.split() == ["MIT", "True"], meta
+    licence, licence_file, version, own = meta.split()
+    assert [licence, licence_file] == ["MIT", "True"], meta
+    assert version == own, meta
+
+
+def test_the_project_addresses_follow_the_book_s_repository():
+    """pyproject.toml names the addresses that `repository.url` in _config.yml gives the book
+    and its repository, as the README and the Colab badges do."""
+    import tomllib
+    import yaml
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    owner, name = url.rstrip("/").split("/")[-2:]
+    book = f"https://{owner}.github.io/{name}/"  # where GitHub Pages serves the book
+    assert project["urls"] == {
+        "Homepage": book,
+        "Source": url,
+        "Issues": f"{url}/issues",
+    }
 
 
 def test_each_command_line_runs_main_after_defining_everything():

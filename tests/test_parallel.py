@@ -336,3 +336,26 @@ def test_tensorboard_missing_is_a_message_not_a_traceback(prepared, tmp_path, mo
         ConfigError, match=r"pip install 'annotated-transformer-book\[tensorboard\]'"
     ):
         open_board(tmp_path / "board")
+
+
+def test_a_folder_prepared_again_from_other_data_says_so(tmp_path, capsys):
+    """The same files again: silent. Other files into the same folder: prepared, with a note
+    that runs trained on the earlier version cannot resume from it."""
+    dogs = [(f"a dog number {i} runs", f"ein Hund Nummer {i} rennt") for i in range(200)]
+    cats = [(f"a cat number {i} sleeps", f"eine Katze Nummer {i} schläft") for i in range(200)]
+    first, second = write_corpus(tmp_path / "a", dogs), write_corpus(tmp_path / "b", cats)
+    out = str(tmp_path / "data")
+
+    def prepare_from(files) -> str:
+        capsys.readouterr()
+        code = prepare.main(["--src", str(files[0]), "--tgt", str(files[1]), "--out", out,
+                             "--vocab", "120"])  # fmt: skip
+        assert code == 0
+        return capsys.readouterr().err
+
+    assert "note:" not in prepare_from(first)
+    assert "note:" not in prepare_from(first)  # nothing changed
+    said = prepare_from(second)
+    assert f"note: {out} was prepared from other training data" in said, said
+    assert "can no longer resume" in said
+    assert "note:" not in prepare_from(second)

@@ -615,11 +615,13 @@ def test_sigterm_to_torchrun_stops_both_processes_at_one_saved_step(tmp_path):
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     try:
-        _, err = proc.communicate(timeout=90)
+        _, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
     steps = {int(s) for s in re.findall(r"stopped by SIGTERM at step (\d+)", err)}
     assert len(steps) == 1 and err.count("stopped by SIGTERM") == 2, err[-3000:]
+    # the launcher ends with the trainers' code, 75 (stopped and saved), without a traceback
+    assert proc.returncode == 75 and "Traceback" not in err, (proc.returncode, err[-3000:])
     (step,) = steps
     assert checkpoint_names(out)[-1] == f"ckpt_{step:08d}.pt"
     more = [*args, *sets(f"max_steps={step + 2}")]
@@ -643,3 +645,15 @@ def test_a_named_model_replaces_the_architecture_and_keeps_the_datas_length():
     big = build_config("wmt14-base", ["model.N=2", "model=big", "model.dropout=0.2"])
     assert big.model == replace(TRANSFORMER_BIG, max_len=1024, dropout=0.2)  # N=2 replaced
     assert build_config("wmt14-big").model == build_config("wmt14-base", ["model=big"]).model
+
+
+def test_the_launcher_ends_with_the_trainers_exit_code(tmp_path):
+    """torchrun exits 1 with a traceback of its own whatever its processes said; the book's
+    launcher (appendix A4) exits with their code: 2 for a mistake in the command line."""
+    cmd = [*TORCHRUN_2, "annotated.cli.train", "--config", "copy", *sets("no_such_key=1")]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "unknown key" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]

@@ -1,6 +1,7 @@
 """`python -m annotated.cli.translate`: model rebuilt from the checkpoint, bad checkpoints and
 inputs."""
 
+import select
 import subprocess
 import sys
 
@@ -143,4 +144,67 @@ def test_ctrl_c_gives_a_message_not_a_traceback(checkpoint, monkeypatch, capsys)
     monkeypatch.setattr(cli, "translate", interrupted)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"3 4\n")))
     assert cli.main(["--checkpoint", str(checkpoint[-1])]) == 130
-    assert "interrupted: no translation was written" in capsys.readouterr().err
+    assert "interrupted: the translations of the lines read so far" in capsys.readouterr().err
+
+
+def test_lines_are_translated_as_they_arrive_through_a_pipe(checkpoint):
+    """A person typing: each line's translation comes back while the input is still open."""
+    cmd = [sys.executable, "-m", "annotated.cli.translate", "--checkpoint", str(checkpoint[-1])]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        answers = []
+        for line in ["3 4 5", "", "6 7"]:
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            assert ready, f"no translation of {line!r} while the input stayed open"
+            answers.append(proc.stdout.readline())
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0 and proc.stdout.read() == ""
+    finally:
+        proc.kill()
+    assert answers[1] == "\n" and all(a.endswith("\n") for a in answers)
+    whole = cli("--checkpoint", checkpoint[-1], stdin=b"3 4 5\n\n6 7\n")
+    assert "".join(answers) == whole.stdout.decode()  # the same translations, read at once
+
+
+def test_files_in_and_out_and_an_nbest_list(checkpoint, tmp_path):
+    from annotated.evaluation.translation import translate
+
+    lines = [" ".join(str(3 + (i * 7 + j) % 10) for j in range(1 + i % 6)) for i in range(150)]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.txt"
+    r = cli("--checkpoint", checkpoint[-1], "--input", source, "--output", out, "--batch-size", 16)
+    assert r.returncode == 0 and r.stdout == b"", r.stderr.decode()
+    model, tokenizer, _ = load_model([checkpoint[-1]])
+    expected = translate(model, tokenizer, lines, batch_size=16)  # the function, all at once
+    assert out.read_text().splitlines() == expected
+    assert cli("--checkpoint", checkpoint[-1], stdin=source.read_bytes()).stdout.decode() == (
+        out.read_text()
+    )
+    r = cli("--checkpoint", checkpoint[-1], "--nbest", 3, stdin=b"3 4 5\n\n6 7\n")
+    rows = [row.split("\t") for row in r.stdout.decode().splitlines()]
+    assert [row[0] for row in rows] == ["1", "1", "1", "2", "3", "3", "3"], rows
+    first = [float(row[1]) for row in rows[:3]]
+    assert first == sorted(first, reverse=True) and rows[3][1:] == ["0.0000", ""]
+    best = cli("--checkpoint", checkpoint[-1], stdin=b"3 4 5\n").stdout.decode().strip()
+    assert rows[0][2] == best  # the first of the list is the translation
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (("--nbest", "5"), "--nbest 5: a beam of 4 holds 1 to 4"),
+        (("--device", "toaster"), "--device toaster: not a device name"),
+        (("--device", "cuda:7"), "--device cuda:7: this machine has no such device"),
+        (("--input", "/no/such/file"), "--input /no/such/file: no such file"),
+        (("--output", "{tmp}/a-file/out.txt"), "is a file, not a folder"),
+        (("--output", "{tmp}"), "is a folder; give the file to write"),
+    ],
+)
+def test_bad_files_devices_and_lists_are_refused(checkpoint, tmp_path, flags, said):
+    (tmp_path / "a-file").write_text("a file where a folder should be")
+    r = cli("--checkpoint", checkpoint[-1], *(f.format(tmp=tmp_path) for f in flags))
+    message = r.stderr.decode()
+    assert r.returncode == 2 and said in message and "Traceback" not in message, message

@@ -5,16 +5,15 @@ __all__ = ["main"]
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-ablate-c009c
 # `python -m annotated.cli.ablate`: train and score the rows of Table 3 on Multi30k (chapter 9d).
-import argparse
 import re
 import sys
 
 from ..experiments.table3 import GRIDS, run_variation
-from .epilogue import Epilogue, run_command
+from .epilogue import Epilogue, command_parser, run_command
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = command_parser(
         prog="python -m annotated.cli.ablate",
         description="Train and score a grid of the paper's Table 3 rows on Multi30k.",
     )

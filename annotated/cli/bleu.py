@@ -5,7 +5,6 @@ __all__ = ["main"]
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-bleu-c003b
 # `python -m annotated.cli.bleu --hyp FILE --ref FILE`: the four BLEU scores of a translation file.
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -13,14 +12,14 @@ from pathlib import Path
 from ..bleu import score_translations
 from ..data.download import read_lines
 from ..errors import DataError
-from .epilogue import Epilogue, run_command
+from .epilogue import Epilogue, command_parser, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-bleu-c049
 def main(argv: list[str] | None = None) -> int:
     """Command line --hyp FILE --ref FILE [--lang de]: print sacreBLEU, tokenized BLEU with and
     without compound splitting, and tokenized lowercased BLEU."""
-    parser = argparse.ArgumentParser(
+    parser = command_parser(
         prog="python -m annotated.cli.bleu",
         description="Corpus BLEU of a translation file against a reference file "
         "(one sentence per line): "

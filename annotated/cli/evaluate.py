@@ -16,12 +16,12 @@ from ..experiments.plots import save_run_plot
 from ..files import check_writable
 from ..training.checkpoints import checkpoint_step
 from ..training.tensorboard import board_scores
-from .epilogue import Epilogue, run_command
+from .epilogue import Epilogue, command_parser, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-c023c
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = command_parser(
         prog="python -m annotated.cli.evaluate",
         description="Average a run's last checkpoints, translate its test sets, score them.",
     )

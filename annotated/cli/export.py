@@ -5,14 +5,13 @@ __all__ = ["ENGINES", "main"]
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-export
 # `python -m annotated.cli.export`: a trained model for CTranslate2 or ONNX Runtime.
-import argparse
 import sys
 from pathlib import Path
 
 from ..data.tokenizer import Tokenizer
 from ..errors import ConfigError
 from ..evaluation.translation import load_model
-from .epilogue import Epilogue, run_command
+from .epilogue import Epilogue, command_parser, run_command
 
 ENGINES = ("ctranslate2", "onnx")
 
@@ -38,7 +37,7 @@ def _export(args) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = command_parser(
         prog="python -m annotated.cli.export",
         description="Write a trained model for CTranslate2 or ONNX Runtime.",
     )

@@ -10,14 +10,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..data.encoded import EncodedCorpus
 from ..data.parallel import load_prepared, prepare_parallel, split_tsv
 from ..data.preparation import Prepared
 from ..data.tokenizer import Tokenizer, load_tokenizer
 from ..errors import DataError
+from ..training.checkpoints import carried_tokenizer, checkpoint_paths, load_checkpoint
 from ..training.registry import CONFIGS, TASKS, build_config, config_from_record, task_of
 from ..training.run_folder import read_json
 from ..training.tasks.wmt14 import prepare_for
-from .epilogue import Epilogue, run_command
+from .epilogue import Epilogue, command_parser, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-prepare-c040
@@ -51,6 +53,10 @@ def _own(args) -> Prepared:
 def _tokenizer_of(path: Path) -> Tokenizer:
     """The tokenizer of a SentencePiece model file, a prepared folder, or a training run."""
     if (path / "run.json").is_file():
+        newest = checkpoint_paths(path)[-1:]
+        carried = carried_tokenizer(load_checkpoint(newest[0]), newest[0]) if newest else None
+        if carried is not None:  # the tokenizer the run's checkpoints carry (chapter 6e)
+            return carried
         fix = "give --tokenizer the run's tokenizer .model file or a prepared folder instead"
         record = read_json(path / "run.json", fix)
         if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
@@ -73,7 +79,7 @@ def _tokenizer_of(path: Path) -> Tokenizer:
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-prepare-c080
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = command_parser(
         prog="python -m annotated.cli.prepare",
         description="Prepare WMT14 for a named configuration, or a corpus of your own.",
     )
@@ -115,7 +121,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prepare(args) -> None:
     if args.config is None:
+        before = _made_from(Path(args.out))
         prepared = _own(args)
+        if before and before != _made_from(prepared.folder):
+            print(
+                f"note: {args.out} was prepared from other training data or with another "
+                f"tokenizer before (tokenizer {before[0]}), and now holds this corpus. Runs "
+                f"trained on the earlier version can no longer resume from it; to keep both, "
+                f"prepare each version into a folder of its own.",
+                file=sys.stderr,
+            )
     else:
         cfg = build_config(args.config, args.set)
         if cfg.task != "wmt14":
@@ -132,6 +147,15 @@ def _prepare(args) -> None:
             f"train with: python -m annotated.cli.train --config parallel "
             f"--set data.path={prepared.folder} --out runs/NAME"
         )
+
+
+def _made_from(folder: Path) -> tuple | None:
+    """The tokenizer and the files a prepared folder's training data was encoded from."""
+    try:
+        header = EncodedCorpus(folder / "encoded" / "train").header
+    except (DataError, OSError, ValueError):
+        return None  # not prepared before, or not whole: nothing earlier to replace
+    return header["tokenizer"], header.get("about")
 
 
 if __name__ == "__main__" and "__file__" in globals():  # run as a script, not inside a notebook

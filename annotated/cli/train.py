@@ -12,19 +12,24 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..experiments.plots import save_run_plot
+from ..training.config import TrainConfig
+from ..training.config_files import config_text
 from ..training.registry import CONFIGS, build_config
 from ..training.run_folder import read_metrics
 from ..training.trainer import train
-from .epilogue import Epilogue, run_command
+from .epilogue import Epilogue, command_parser, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-train-c017
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = command_parser(
         prog="python -m annotated.cli.train", description="Train a Transformer (paper section 5)."
     )
     ap.add_argument(
-        "--config", required=True, help=f"named configuration: {', '.join(sorted(CONFIGS))}"
+        "--config",
+        required=True,
+        help=f"a named configuration ({', '.join(sorted(CONFIGS))}), or a .json or .yaml file "
+        f"as --print-config writes it",
     )
     ap.add_argument(
         "--set",
@@ -33,8 +38,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a field (repeatable); model=base or model=big: the paper's model",
     )
+    ap.add_argument("--out", help="folder for checkpoints, metrics.jsonl and run.json")
     ap.add_argument(
-        "--out", required=True, help="folder for checkpoints, metrics.jsonl and run.json"
+        "--print-config",
+        action="store_true",
+        help="print the configuration with every override applied (YAML for a .yaml --config, "
+        "else JSON) and stop; saved to a file, it is a --config",
     )
     ap.add_argument(
         "--resume", action="store_true", help="continue from the newest checkpoint in --out"
@@ -54,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    if not args.out.strip():
+    if args.print_config:
+        return run_command(lambda: print(_config_text(args), end=""), Epilogue("nothing was done"))
+    if args.out is None or not args.out.strip():
         ap.error("--out must name a folder (an empty name would train into the current one)")
     kept = f"the checkpoints already in {args.out} are intact"
     again = "run the same command (with --resume if it had begun)"
@@ -69,11 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(lambda: _train(args, sys.argv[1:] if argv is None else argv), end)
 
 
-def _train(args, argv: list[str]) -> None:
+def _config(args) -> TrainConfig:
     # --max-steps 0 is refused by the configuration's checks, not ignored
     steps = [] if args.max_steps is None else [f"max_steps={args.max_steps}"]
     init = [] if args.init is None else [f"init={args.init}"]
-    cfg = build_config(args.config, args.set + steps + init)
+    return build_config(args.config, args.set + steps + init)
+
+
+def _config_text(args) -> str:
+    return config_text(_config(args), yaml_format=args.config.lower().endswith((".yaml", ".yml")))
+
+
+def _train(args, argv: list[str]) -> None:
+    cfg = _config(args)
     train(
         cfg,
         args.out,

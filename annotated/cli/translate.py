@@ -5,72 +5,164 @@ __all__ = ["main", "write_out"]
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-translate-c002a
 # `python -m annotated.cli.translate`: load (and average) checkpoints, rebuild the model and its
-# tokenizer, and translate standard input line by line with beam search.
+# tokenizer, and translate lines as they arrive with beam search.
 import argparse
+import math
 import os
+import select
 import sys
+from pathlib import Path
 
 import torch
 
 from ..data.download import decode_lines
 from ..errors import DataError
 from ..evaluation.translation import load_model, translate
-from .epilogue import Epilogue, run_command
+from ..files import atomic_path, check_writable
+from .epilogue import Epilogue, command_parser, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-translate-c006
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+def _parser() -> argparse.ArgumentParser:
+    ap = command_parser(
         prog="python -m annotated.cli.translate",
-        description="Translate standard input, one sentence per line, with beam search.",
+        description="Translate sentences, one a line, with beam search. Each line is written as "
+        "soon as it is read, so that a person can type and a pipe can stream.",
     )
     ap.add_argument(
         "--checkpoint", nargs="+", required=True, help="checkpoint(s); several are averaged"
     )
+    ap.add_argument("--input", type=Path, help="read this file (default: standard input)")
+    ap.add_argument(
+        "--output",
+        type=Path,
+        help="write this file, whole or not at all (default: standard output)",
+    )
     ap.add_argument("--beam", type=int, default=4, help="beam size (paper: 4)")
     ap.add_argument("--alpha", type=float, default=0.6, help="length penalty (paper: 0.6)")
     ap.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
+    ap.add_argument(
+        "--nbest", type=int, default=0, metavar="N",
+        help="write the N best translations of each line as LINE<tab>SCORE<tab>TRANSLATION",
+    )  # fmt: skip
+    ap.add_argument("--device", help="cpu, cuda, cuda:1 or mps (default: cuda when there is one)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
+    if args.beam < 1 or args.batch_size < 1 or not (math.isfinite(args.alpha) and args.alpha >= 0):
+        ap.error("--beam and --batch-size must be at least 1, --alpha a finite number >= 0")
+    if not 0 <= args.nbest <= args.beam:
+        ap.error(f"--nbest {args.nbest}: a beam of {args.beam} holds 1 to {args.beam} outputs")
+    args.device = _device(ap, args.device)
     end = Epilogue(
-        interrupted="no translation was written; run the same command again",
+        interrupted=f"nothing was written to {args.output}; run the same command again"
+        if args.output
+        else "the translations of the lines read so far were written; run the command again "
+        "on the rest",
         kept="any translations written are incomplete",
-        writes="the translations to standard output",
+        writes=f"the translations to {args.output or 'standard output'}",
         memory=f"the beam search decodes up to {args.batch_size} sentences at once with beam "
         f"{args.beam}: use a smaller --batch-size or --beam",
         expected=(ValueError,),  # a line too long for the model
     )
-    return run_command(lambda: write_out(_translated(args)), end)
+    return run_command(lambda: _translate_all(args), end)
 
 
-def _translated(args) -> list[str]:
+def _device(ap: argparse.ArgumentParser, name: str | None) -> torch.device:
+    """The device asked for, or the GPU when there is one; a device this machine lacks is a
+    usage error, before any checkpoint is read."""
+    try:
+        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        ap.error(f"--device {name}: not a device name; use cpu, cuda, cuda:N or mps")
+    there = {"cpu": 1, "cuda": torch.cuda.device_count(), "mps": torch.backends.mps.is_available()}
+    if (device.index or 0) >= there.get(device.type, 0):
+        ap.error(f"--device {name}: this machine has no such device; use --device cpu")
+    return device
+
+
+# %% ../../notebooks/A3_command_lines.ipynb #cli-translate-stream
+def _translate_all(args) -> None:
     for stream, name, how in [
-        (sys.stdin, "input", "pipe the sentences in, or give a file with < FILE"),
-        (sys.stdout, "output", "let it reach the terminal, a pipe or > FILE"),
+        (sys.stdin, "input", "pipe the sentences in, or give a file with --input"),
+        (sys.stdout, "output", "let it reach the terminal, a pipe, or give a file with --output"),
     ]:
-        if stream is None:  # the shell closed it (<&- or >&-)
+        if stream is None and getattr(args, name) is None:  # the shell closed it (<&- or >&-)
             raise DataError(
                 f"standard {name} is closed: translate reads sentences from standard input and "
                 f"writes their translations to standard output; {how}."
             )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer, _ = load_model(args.checkpoint, device)
-    lines = decode_lines(sys.stdin.buffer, "standard input")
-    return translate(
-        model,
-        tokenizer,
-        lines,
-        beam_size=args.beam,
-        alpha=args.alpha,
-        batch_size=args.batch_size,
-        progress=True,
-    )
+    if args.input is not None and not args.input.is_file():
+        raise DataError(f"--input {args.input}: no such file; give the file of sentences.")
+    if args.output is not None:  # checked before the model is loaded and anything translated
+        if args.output.is_dir():
+            raise DataError(f"--output {args.output} is a folder; give the file to write.")
+        check_writable(args.output, "--output")
+    model, tokenizer, _ = load_model(args.checkpoint, args.device)
+    source = open(args.input, "rb") if args.input else sys.stdin.buffer
+    name = str(args.input or "standard input")
+    with source:
+        if args.output is None:
+            for first, lines in _arriving(source):
+                write_out(_rows(first, _translated(args, model, tokenizer, lines, first, name)))
+            return
+        with atomic_path(args.output) as tmp, open(tmp, "w", encoding="utf-8") as out:
+            for first, lines in _arriving(source):  # renamed into place only when complete
+                out.writelines(
+                    _rows(first, _translated(args, model, tokenizer, lines, first, name))
+                )
+
+
+def _translated(args, model, tokenizer, raw: list[bytes], first: int, name: str) -> list:
+    lines = decode_lines(raw, name, first)
+    return translate(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
+                     batch_size=args.batch_size, progress=True, nbest=args.nbest)  # fmt: skip
+
+
+def _rows(first: int, translated: list) -> list[str]:
+    """One line per input line; for an n-best list, N rows per line: LINE, SCORE, TRANSLATION."""
+    if not translated or isinstance(translated[0], str):
+        return [line + "\n" for line in translated]
+    return [
+        f"{first + i}\t{score:.4f}\t{text}\n"
+        for i, best in enumerate(translated)
+        for text, score in best
+    ]
+
+
+def _arriving(stream, most: int = 100_000):
+    """(number of the first line, lines) for the lines of a binary stream as they arrive: all
+    that are already there, up to `most`. A file is thus one large batch, as before streaming
+    existed, and each line a person types is translated when it is entered."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's buffer): read it all
+        yield 1, list(stream)
+        return
+    first, pending = 1, b""
+    lines: list[bytes] = []
+    while True:
+        if lines and (len(lines) >= most or not select.select([fd], [], [], 0)[0]):
+            yield first, lines  # nothing more is waiting: translate what came
+            first, lines = first + len(lines), []
+            continue
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        *complete, pending = (pending + data).split(b"\n")
+        lines += complete
+    if lines or pending:
+        yield first, lines + ([pending] if pending else [])
 
 
 def write_out(lines: list[str]) -> None:
-    """Write the translations to standard output. A full disk or a closed pipe raises its
+    """Write translations to standard output at once. A full disk or a closed pipe raises its
     OSError, which the epilogue reports: never an exit code 0 with part of the file."""
     try:
-        sys.stdout.write("".join(line + "\n" for line in lines))
+        sys.stdout.write("".join(lines))
         sys.stdout.flush()
     except OSError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush

@@ -108,11 +108,12 @@ def read_lines(path: str | Path) -> list[str]:
         ) from None
 
 
-def decode_lines(stream, name: str) -> list[str]:
+def decode_lines(stream, name: str, first: int = 1) -> list[str]:
     """The lines of a binary stream as stripped text: UTF-8, a leading byte-order mark dropped.
-    A line that is not UTF-8 raises DataError naming `name`, the line and the byte."""
+    A line that is not UTF-8 raises DataError naming `name`, the line (the stream's first is
+    line `first`) and the byte."""
     lines = []
-    for number, raw in enumerate(stream, start=1):  # binary iteration splits on b"\n" only
+    for number, raw in enumerate(stream, start=first):  # binary iteration splits on b"\n" only
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:

@@ -7,13 +7,14 @@ __all__ = ["translate", "load_model"]
 # Translating sentences: tokenize, batch by length, beam search, detokenize.
 import math
 import sys
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from ..batching import BOS, EOS, PAD, make_batch
 from ..data.tokenizer import Tokenizer
-from ..decoding import beam_search
+from ..decoding import beam_search_hypotheses
 from ..fast import fused_attention
 from ..precision import Precision, choose_precision
 
@@ -31,16 +32,17 @@ def translate(
     max_len: int | None = None,
     precision: str = "auto",
     progress: bool = False,
-) -> list[str]:
-    """Translate a list of strings with beam search -> one string per input (empty in, empty out).
-
-    Runs the fused attention (chapter 6b) under `precision`: "auto" is bf16 or fp16 on a GPU and
-    fp32 on a CPU. progress=True shows a progress bar over the batches on standard error.
-    """
-    if batch_size < 1 or beam_size < 1 or not (math.isfinite(alpha) and alpha >= 0):
+    nbest: int = 0,
+) -> list[Any]:
+    """Translate a list of strings with beam search -> one string per input (empty in, empty out),
+    or with nbest=N each input's N best (translation, score) pairs. Runs the fused attention
+    (chapter 6b) under `precision`: "auto" is bf16 or fp16 on a GPU and fp32 on a CPU.
+    progress=True shows a progress bar over the batches on standard error."""
+    searchable = batch_size >= 1 and beam_size >= 1 and 0 <= nbest <= beam_size
+    if not (searchable and 0 <= alpha < math.inf):
         raise ValueError(
-            f"translate: batch_size and beam_size must be at least 1 and alpha a finite number "
-            f">= 0; got {batch_size}, {beam_size} and {alpha} (the paper: beam 4, alpha 0.6)."
+            f"translate: batch_size and beam_size must be at least 1, nbest 0 to beam_size and "
+            f"alpha a finite number >= 0; got {batch_size}, {beam_size}, {nbest} and {alpha}."
         )
     device = next(model.parameters()).device
     limit = getattr(model.src_embed[1], "max_len", 5000) - 51  # room for source + 50 output tokens
@@ -53,7 +55,7 @@ def translate(
             )
     kept = {i: e for i, e in enumerate(encoded) if e is not None}  # empty lines stay empty
     order = sorted(kept, key=lambda i: len(kept[i]))  # similar lengths batched together
-    out = [""] * len(sentences)
+    out: list[Any] = [[("", 0.0)] if nbest else "" for _ in sentences]
     model.eval()
     numeric = Precision(choose_precision(precision, device), device)  # no CPU probe: fp32
     starts = range(0, len(order), batch_size)
@@ -68,9 +70,15 @@ def translate(
         for k in bar:
             batch = make_batch([kept[i] for i in order[k : k + batch_size]])
             src, src_mask = batch.src.to(device), batch.src_mask.to(device)
-            hyps = beam_search(model, src, src_mask, max_len, BOS, EOS, beam_size, alpha)
-            for i, h in zip(order[k : k + batch_size], hyps):
-                out[i] = tokenizer.decode([t for t in h if t not in (BOS, EOS, PAD)])
+            beams = beam_search_hypotheses(
+                model, src, src_mask, max_len, BOS, EOS, beam_size, alpha
+            )
+            for i, beam in zip(order[k : k + batch_size], beams):
+                said = [
+                    (tokenizer.decode([t for t in h.tokens if t not in (BOS, EOS, PAD)]), h.score)
+                    for h in beam[: nbest or 1]
+                ]
+                out[i] = said if nbest else said[0][0]
     return out
 
 
@@ -82,7 +90,7 @@ from pathlib import Path
 from ..data.tokenizer import check_fingerprint
 from ..errors import TrainingError
 from ..model import make_model
-from ..training.checkpoints import load_checkpoint, load_weights
+from ..training.checkpoints import carried_tokenizer, load_checkpoint, load_weights
 from ..training.registry import TASKS, config_from_record
 from .averaging import average_checkpoints
 
@@ -97,10 +105,10 @@ def load_model(paths: Sequence[str | Path], device="cpu"):
     state = load_checkpoint(files[-1])
     cfg = config_from_record(state["config"])
     weights = average_checkpoints(files) if len(files) > 1 else state["model"]
-    tokenizer = TASKS[cfg.task].tokenizer_for(cfg)
+    tokenizer = carried_tokenizer(state, files[-1]) or TASKS[cfg.task].tokenizer_for(cfg)
     fix = (
-        "Give it the tokenizer it was trained with: the same cache folder (~/.cache/annotated, "
-        "or $XDG_CACHE_HOME/annotated), or the same data and SentencePiece version."
+        "It was written before checkpoints carried their tokenizer: give it the data it was "
+        "trained on (data.path for a corpus of your own, else the cache, ~/.cache/annotated)."
     )
     check_fingerprint(state["tokenizer"], tokenizer.fingerprint, what=f"{files[-1]} was trained",
                       fix=fix)  # fmt: skip

@@ -12,6 +12,8 @@ __all__ = [
     "load_checkpoint",
     "load_weights",
     "resumed_micro_batches",
+    "tokenizer_bytes",
+    "carried_tokenizer",
     "all_finite",
     "diverged",
     "ended_early",
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.tokenizer import Tokenizer
 from ..errors import Diverged, TrainingError
 from ..files import atomic_path
 
@@ -179,6 +182,37 @@ def resumed_micro_batches(state: dict, path: Path, per_step: int, rank: int, wor
         )
         print(note, file=sys.stderr)
     return saved
+
+
+# %% ../../notebooks/06e_checkpoints.ipynb #06e-travel
+def tokenizer_bytes(tokenizer) -> bytes | None:
+    """What a checkpoint carries of its tokenizer: the SentencePiece model, serialised, or
+    nothing for the copy task's ids."""
+    processor = getattr(tokenizer, "sp", None)
+    return processor.serialized_model_proto() if processor is not None else None
+
+
+def carried_tokenizer(state: dict, path: Path) -> Tokenizer | None:
+    """The tokenizer that checkpoint `state`, read from `path`, carries, checked against the
+    fingerprint it was trained with; None when it carries none."""
+    blob = state.get("tokenizer_model")
+    if blob is None:
+        return None
+    import sentencepiece as spm
+
+    fix = "The file was altered or damaged; use another checkpoint of the run."
+    try:
+        tokenizer = Tokenizer(spm.SentencePieceProcessor(model_proto=blob))
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise TrainingError(
+            f"{path} carries a damaged tokenizer: it cannot be read ({str(e)[:120]}). {fix}"
+        ) from None
+    if tokenizer.fingerprint != state["tokenizer"]:
+        raise TrainingError(
+            f"{path} carries a damaged tokenizer: its fingerprint is {tokenizer.fingerprint}, "
+            f"not {state['tokenizer']}, the one it was trained with. {fix}"
+        )
+    return tokenizer
 
 
 # %% ../../notebooks/06e_checkpoints.ipynb #c013d

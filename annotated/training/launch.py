@@ -43,7 +43,7 @@ def torchrun_command(
             f"with the address of one of them (the same on every machine), e.g. 'node01:29500'."
         )
     gpus = gpus or torch.cuda.device_count() or 1
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}"]
+    command = [sys.executable, "-m", "annotated.cli.launch", f"--nproc_per_node={gpus}"]
     if nodes > 1:
         command += [f"--nnodes={nodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rendezvous}"]
         command += [f"--rdzv_id={Path(out).name}"]
@@ -175,7 +175,7 @@ def slurm_script(
         "# On USR1 (the time limit is near) ask SLURM to queue the job again, and pass SIGTERM to",
         "# the trainers: they finish the step, save it and stop; the next job resumes from it",
         'trap \'scontrol requeue "$SLURM_JOB_ID"; kill -TERM "$train" 2>/dev/null\' USR1',
-        f"srun python -m torch.distributed.run --nnodes={nodes} --nproc_per_node={gpus_per_node} "
+        f"srun python -m annotated.cli.launch --nnodes={nodes} --nproc_per_node={gpus_per_node} "
         f"--rdzv_backend=c10d --rdzv_endpoint=$head:29500 --rdzv_id=$SLURM_JOB_ID \\",
         " ".join(["    -m annotated.cli.train", train, "--no-progress", resume, "&"]),
         "train=$!",

@@ -167,7 +167,12 @@ def table_settings(name: str) -> dict[str, Any]:
 
 def build_config(name: str, overrides=()) -> TrainConfig:
     """The named configuration with `key=value` overrides applied (nested keys use dots),
-    built once: every part checks its values as it is made."""
+    built once: every part checks its values as it is made. A name ending in .json, .yaml or
+    .yml is a configuration file instead (appendix A3)."""
+    if name.lower().endswith((".json", ".yaml", ".yml")):
+        from annotated.training.config_files import config_from_file
+
+        return config_from_file(name, overrides)
     task = task_of(name)
     data = TASKS[task].Data
     settings = settings_of(TrainConfig(task=task, data=data())) | table_settings(name)

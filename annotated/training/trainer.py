@@ -24,6 +24,7 @@ from annotated.training.checkpoints import (
     resumed_micro_batches,
     rng_state,
     save_checkpoint,
+    tokenizer_bytes,
 )
 from annotated.training.config import (
     TrainConfig,
@@ -216,6 +217,7 @@ def _checkpoint(out: Path, run: Run, cfg: TrainConfig, world: int) -> Path:
         "seconds": run.seconds,
         "rng": rng_state(),
         "tokenizer": run.task.tokenizer.fingerprint,
+        "tokenizer_model": tokenizer_bytes(run.task.tokenizer),  # a checkpoint that travels
         "data": data,
         "config": asdict(cfg),
         "world_size": world,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ...data.parallel import MANIFEST, load_prepared, test_names
+from ...data.parallel import load_prepared, test_names
 from ...data.preparation import Prepared
 from ...data.tokenizer import Tokenizer
 from ...errors import DataError
@@ -28,10 +28,6 @@ class ParallelData(TaskData):
         if self.path:  # kept resolved, so that the run finds its data from any folder
             self.path = str(Path(self.path).expanduser().resolve())
         super().__post_init__()
-
-    def rules(self) -> list[tuple[bool, str, str]]:
-        written = not self.path or (Path(self.path) / MANIFEST).is_file()
-        return [(written, "data.path", "must name a folder that prepare wrote (prepared.json)")]
 
     def target_language(self) -> str:
         return load_prepared(self.path).pair.split("-")[1]

@@ -1,0 +1,86 @@
+"""Configurations in files (chapter 6d): `--print-config` writes one, `--config FILE` reads it back
+to the same run, and a file with a mistake is refused with its name."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from annotated.errors import ConfigError
+from annotated.training.config_files import config_text
+from annotated.training.registry import build_config
+from annotated.training.run_folder import read_metrics
+
+from helpers import TINY, final_weights, run_trainer, sets
+
+STEPS = sets("max_steps=30", "log_every=1", "checkpoint_every=0")
+
+
+def printed(*args: str) -> str:
+    cmd = [sys.executable, "-m", "annotated.cli.train", *args, "--print-config"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_a_printed_configuration_fed_back_trains_the_same_run(tmp_path):
+    text = printed("--config", "copy", *TINY, *STEPS, "--set", "optim.warmup=20")
+    assert json.loads(text)["model"]["d_model"] == 16  # TINY's width, resolved
+    config = tmp_path / "mine.json"
+    config.write_text(text)
+    run_trainer("--config", "copy", *TINY, *STEPS, "--set", "optim.warmup=20", "--out",
+                str(tmp_path / "named"))  # fmt: skip
+    run_trainer("--config", str(config), "--out", str(tmp_path / "from-file"))
+    named = read_metrics(tmp_path / "named" / "metrics.jsonl")[0]
+    again = read_metrics(tmp_path / "from-file" / "metrics.jsonl")[0]
+    assert [r["loss"] for r in named] == [r["loss"] for r in again] and len(named) == 30
+    a, b = final_weights(tmp_path / "named"), final_weights(tmp_path / "from-file")
+    assert all((a[k] == b[k]).all() for k in a)
+    # the run's own run.json is a configuration too: the same run again
+    recorded = tmp_path / "named" / "run.json"
+    assert build_config(str(recorded)) == build_config(str(config))
+
+
+def test_yaml_round_trip_and_overrides_after_the_file(tmp_path):
+    cfg = build_config("multi30k-cpu", ["model.N=2", "optim.lr_factor=0.5"])
+    path = tmp_path / "mine.yaml"
+    path.write_text(config_text(cfg, yaml_format=True))
+    assert "lr_factor: 0.5" in path.read_text()
+    assert build_config(str(path)) == cfg
+    assert build_config(str(path), ["seed=7"]).seed == 7  # --set still applies on top
+    yaml_again = printed("--config", str(path))
+    assert yaml_again == path.read_text()  # a YAML file is printed back as YAML
+
+
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        ('{"task": "copy", "model": {"layers": 2}}', "model.layers is not a setting"),
+        ('{"task": "copy", "model": {"N": "six"}}', "model.N is 'six', but it takes a int"),
+        ('{"task": "copy", "fast": 1}', "fast is 1, but it takes a bool"),
+        ('{"task": "copy", "modle": {}}', "modle is not a setting"),
+        ('{"model": {"N": 2}}', "no task"),
+        ('{"task": "copy", "model": {"N": 2},}', "cannot be read"),
+        ("[1, 2]", "holds no configuration"),
+        ('{"task": "no_such_task"}', "no_such_task"),
+    ],
+)
+def test_a_file_with_a_mistake_is_refused_with_its_name(tmp_path, content, said):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        build_config(str(path))
+    assert said in str(caught.value), str(caught.value)
+    r = run_trainer("--config", str(path), "--out", str(tmp_path / "run"), check=False)
+    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()  # nothing was trained
+
+
+def test_a_missing_file_and_bad_yaml_are_messages(tmp_path):
+    r = run_trainer("--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "r"),
+                    check=False)  # fmt: skip
+    assert r.returncode == 2 and "cannot be read" in r.stderr and "none.yaml" in r.stderr
+    (tmp_path / "bad.yaml").write_text("task: copy\nmodel: [unclosed\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        build_config(str(tmp_path / "bad.yaml"))
