@@ -16,6 +16,7 @@ from ..experiments.plots import save_run_plot
 from ..files import check_writable
 from ..training.checkpoints import checkpoint_step
 from ..training.tensorboard import board_scores
+from ..training.validation import best_checkpoint
 from .epilogue import Epilogue, command_parser, run_command
 
 
@@ -34,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="checkpoints to average (default: all the run kept, its keep_last; the paper "
         "averaged 5 for base models, 20 for big)",
+    )
+    ap.add_argument(
+        "--best",
+        action="store_true",
+        help="score the run's best checkpoint by dev BLEU alone (a run trained with "
+        "valid_sentences), instead of averaging the last ones",
     )
     ap.add_argument("--limit", type=int, help="translate only the first N sentences of each set")
     ap.add_argument("--beam", type=int, default=4)
@@ -99,6 +106,10 @@ def _check_first(ap: argparse.ArgumentParser, args) -> None:
             "--last, --limit and --beam must be at least 1, and --alpha a number >= 0 "
             "(the paper: 5 or 20 checkpoints, every sentence, beam 4, alpha 0.6)"
         )
+    if args.best and args.last is not None:
+        ap.error("--best scores one checkpoint; --last averages several: give one of them")
+    if args.best:
+        best_checkpoint(Path(args.run))  # fail now if the run has no best.json
     if not args.run.strip() or not all(p is None or p.strip() for p in (args.results, args.plot)):
         ap.error("--run, --results and --plot must name a folder or a file, not an empty string")
     try:
@@ -161,6 +172,7 @@ def _evaluate(ap: argparse.ArgumentParser, args, argv: list[str]) -> None:
     report = evaluate_run(
         args.run,
         last=args.last,
+        best=args.best,
         limit=args.limit,
         beam_size=args.beam,
         alpha=args.alpha,

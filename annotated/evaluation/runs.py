@@ -23,6 +23,7 @@ from ..training.checkpoints import checkpoint_paths, checkpoint_step
 from ..training.provenance import git_commit
 from ..training.registry import TASKS
 from ..training.run_folder import read_json, read_metrics
+from ..training.validation import best_checkpoint
 from .translation import load_model, translate
 
 
@@ -40,8 +41,9 @@ def score(
     return {**scores, "decode_seconds": seconds, "translations": hyps}
 
 
-def _load_kept(run_dir: Path, last: int | None, device):
-    """The average of the run's last `last` checkpoints -> (model, tokenizer, config, paths).
+def _load_kept(run_dir: Path, last: int | None, device, best: bool = False):
+    """The average of the run's last `last` checkpoints, or its best by dev BLEU (chapter 6h)
+    alone -> (model, tokenizer, config, paths).
     A trainer still running there may delete one between listing and reading: list again."""
     holder = lock_holder(run_dir)
     if holder:
@@ -49,7 +51,7 @@ def _load_kept(run_dir: Path, last: int | None, device):
               f"checkpoints it has written so far", file=sys.stderr)  # fmt: skip
     for attempt in range(3):
         kept = checkpoint_paths(run_dir)
-        paths = kept[-last:] if last else kept
+        paths = [best_checkpoint(run_dir)] if best else kept[-last:] if last else kept
         if not paths:
             raise TrainingError(
                 f"{run_dir}: no checkpoints in {run_dir / 'checkpoints'}; train first "
@@ -72,12 +74,13 @@ def evaluate_run(
     alpha: float = 0.6,
     device="cpu",
     progress: bool = False,
+    best: bool = False,
 ) -> dict:
     """Average the run's last `last` checkpoints (default: all it kept, its keep_last), translate
     the first `limit` sentences (default: all) of each test set of its task, and score them.
     Returns scores per test set, plus the translations under "translations"."""
     run_dir = Path(run_dir)
-    model, tokenizer, cfg, paths = _load_kept(run_dir, last, device)
+    model, tokenizer, cfg, paths = _load_kept(run_dir, last, device, best)
     test_sets = TASKS[cfg.task].test_sets(cfg)
     if not test_sets:
         raise TrainingError(

@@ -143,6 +143,8 @@ class TrainConfig(Checked):
     log_every: int = 100  # steps between metrics-log lines
     seed: int = 0
     init: str = ""  # fine-tuning: start from this checkpoint's weights (chapter 13)
+    valid_sentences: int = 0  # dev pairs scored at each checkpoint (0 = no validation; 6h)
+    patience: int = 0  # stop after this many validations without a better dev BLEU (0 = never)
     # speed (chapter 6b): the same model and loss; precision also changes the rounding
     fast: bool = True  # make_fast(model) and FusedLabelSmoothing; False: the reference path
     precision: str = "auto"  # fp32, bf16, fp16 (with a gradient scaler); auto: per device
@@ -163,6 +165,12 @@ class TrainConfig(Checked):
             (self.precision in PRECISIONS, "precision", "must be auto, fp32, bf16 or fp16"),
             (self.checkpoint_every >= 0, "checkpoint_every", "must be 0 (only at the end) or more"),
             (0 <= self.seed < 2**63, "seed", "must be a whole number from 0 to 2**63 - 1"),
+            (self.valid_sentences >= 0, "valid_sentences", "must be 0 (off) or more"),
+            (
+                self.patience == 0 or (self.patience > 0 and self.valid_sentences > 0),
+                "patience",
+                "must be 0 (off), or a positive number with valid_sentences set",
+            ),
             *[
                 (math.isfinite(m) and m >= 0, key, f"must be 0 ({off}) or a positive number")
                 for m, key, off in minutes

@@ -61,7 +61,8 @@ def _records(path: Path) -> list[dict]:
 
 
 def _loss_chart(records: list[dict], title: str):
-    data = pd.DataFrame(records or [{"step": 0, "loss": None}])
+    steps = [r for r in records if "loss" in r]  # not the validations
+    data = pd.DataFrame(steps or [{"step": 0, "loss": None}])
     return (
         alt.Chart(data, title=title)
         .mark_line(point=len(records) < 30)
@@ -79,6 +80,11 @@ def _reader(stream, lines: list[str]) -> threading.Thread:
 # %% ../../notebooks/A4_launching.ipynb #a4-launch
 def _echo(records: list[dict], lines: list[str]) -> None:
     for r in records:
+        if "dev_bleu" in r:  # a validation (chapter 6h)
+            print(
+                f"step {r['step']:>7,}  dev loss {r['dev_loss']:.3f}  dev BLEU {r['dev_bleu']:.2f}"
+            )
+            continue
         print(
             f"step {r['step']:>7,}  loss {r['loss']:.3f}  lr {r['lr']:.2e}  "
             f"{r['target_tokens_per_s']:>9,.0f} target tokens/s"

@@ -58,7 +58,8 @@ def read_metrics(path: Path) -> tuple[list[dict], str]:
         if not _is_metrics_record(records[-1]):
             raise TrainingError(
                 f"{path}: line {number} is JSON but not a line of this trainer's log (each holds "
-                f"a whole-number step and numbers for loss and elapsed_s); repair or remove it."
+                f"a whole-number step and numbers for loss and elapsed_s, or dev_loss and "
+                f"dev_bleu); repair or remove it."
             )
     return records, "".join(lines)
 
@@ -69,8 +70,9 @@ def _is_metrics_record(record) -> bool:
 
     if not isinstance(record, dict) or not number(record.get("step")):
         return False
-    return float(record["step"]).is_integer() and all(
-        number(record.get(key)) for key in ("loss", "elapsed_s")
+    kinds = [("loss", "elapsed_s"), ("dev_loss", "dev_bleu")]  # a step's, or a validation's
+    return float(record["step"]).is_integer() and any(
+        all(number(record.get(key)) for key in keys) for keys in kinds
     )
 
 
@@ -182,10 +184,10 @@ class Progress:
         path = out / "metrics.jsonl"
         if writes:
             refuse_link(path)  # never read, rewrite or append through a link
+        self.records: list[dict] = []  # what a resumed run logged up to its checkpoint
         if writes and path.exists():  # a resumed run: drop what came after its checkpoint
-            records, _ = read_metrics(path)
-            kept = "".join(json.dumps(r) + "\n" for r in records if r["step"] <= step)
-            write_text_atomic(path, kept)
+            self.records = [r for r in read_metrics(path)[0] if r["step"] <= step]
+            write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
         self.log = open_in_place(path) if writes else None
         self.board = open_board(board, step) if writes and board else None
         self.bar = tqdm(
@@ -227,6 +229,16 @@ class Progress:
             if self.board:
                 board_record(self.board, record)
             self.window_tokens, self.window_start, self.window_waited = 0, time.time(), waited
+
+    def note(self, record: dict) -> None:
+        """Log a record that is not a step's, a validation's (chapter 6h's last section)."""
+        if self.log is not None:
+            self.log.write(json.dumps(record) + "\n")
+            self.log.flush()
+            self.bar.write(f"step {record['step']}: dev loss {record['dev_loss']:.3f}, "
+                           f"dev BLEU {record['dev_bleu']:.2f}")  # fmt: skip
+        if self.board:
+            board_record(self.board, record)
 
     def close(self) -> None:
         self.bar.close()

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from annotated.training.checkpoints import (
-    all_finite,
     checkpoint_step,
     diverged,
     ended_early,
@@ -22,9 +21,6 @@ from annotated.training.checkpoints import (
     load_weights,
     restore_rng_state,
     resumed_micro_batches,
-    rng_state,
-    save_checkpoint,
-    tokenizer_bytes,
 )
 from annotated.training.config import (
     TrainConfig,
@@ -60,6 +56,7 @@ from ..training_step import loss_on_batch, train_step
 from .prefetch import Prefetcher
 from .provenance import git_commit
 from .registry import TASKS, Task
+from .validation import Validator, checkpoint_run
 
 
 # %% ../../notebooks/06f_building_and_resuming.ipynb #c015
@@ -205,33 +202,12 @@ def run_batches(run: Run, rank: int, device, last: int) -> Prefetcher:
 
 
 # %% ../../notebooks/06h_the_loop.ipynb #c015d3
-def _checkpoint(out: Path, run: Run, cfg: TrainConfig, world: int) -> Path:
-    if not all_finite(run.model):  # never checkpoint a broken state
-        raise diverged(out, run.step, "its update left inf or NaN in the weights")
-    data = {"task": cfg.task, "next_step": run.step, "micro_batches_per_step": run.accum * world}
-    state = {
-        "model": run.model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "scheduler": run.scheduler.state_dict(),
-        "step": run.step,
-        "seconds": run.seconds,
-        "rng": rng_state(),
-        "tokenizer": run.task.tokenizer.fingerprint,
-        "tokenizer_model": tokenizer_bytes(run.task.tokenizer),  # a checkpoint that travels
-        "data": data,
-        "config": asdict(cfg),
-        "world_size": world,
-        "precision": run.precision.state_dict() if run.precision else None,
-    }
-    return save_checkpoint(out, state, cfg.keep_last)
-
-
 def _stopped(out: Path, run: Run, cfg: TrainConfig, rank: int, world: int, device, stop,
              last_path: Path | None) -> Preempted:  # fmt: skip
     """Save the step just finished (the first process writes, every process waits for it) and
     say how to continue."""
     if rank == 0 and (last_path is None or checkpoint_step(last_path) != run.step):
-        last_path = _checkpoint(out, run, cfg, world)
+        last_path = checkpoint_run(out, run, cfg, world)
     all_sum(0.0, world, device)  # no process leaves before the checkpoint is complete
     signals = ", ".join(sorted(set(stop.received))) or "another process's signal"
     return Preempted(
@@ -296,6 +272,7 @@ def _train_locked(
     if cfg.compile:
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]  # batches change shape from step to step
     log = Progress(out, cfg, run.step, run.seconds, writes=rank == 0, bar=progress, board=board)
+    dev = Validator.of(cfg, out, run.task.tokenizer, log) if rank == 0 else None
     batches = run_batches(run, rank, device, cfg.max_steps)
     last_path, loss, run_tokens, last_time = None, None, 0, time.time()
     earlier = run.seconds  # what a resumed run had trained before
@@ -314,7 +291,9 @@ def _train_locked(
                 run.step, loss, lr, tokens, skipped, norm, waited=batches.waited, last=time_up
             )
             if rank == 0 and (time_up or checkpoint_due(cfg, run.step, last_time)):
-                last_path, last_time = _checkpoint(out, run, cfg, world), time.time()
+                last_path, last_time = checkpoint_run(out, run, cfg, world, dev, log), time.time()
+            if cfg.patience and all_sum(float(bool(dev and dev.stop_early())), world, device):
+                break  # early stopping: the dev BLEU stopped improving (best.json names the best)
             if stop.agreed(world, device):  # SIGTERM or SIGUSR1: save this step and stop
                 raise _stopped(out, run, cfg, rank, world, device, stop, last_path)
     except (KeyboardInterrupt, RuntimeError) as e:  # Ctrl-C, or a micro-batch too large

@@ -61,6 +61,10 @@ class Multi30kTask(CorpusTask):
         }
 
     @staticmethod
+    def dev_set(cfg: TrainConfig) -> list[tuple[str, str]]:  # validation while training (6h)
+        return load_multi30k("val")
+
+    @staticmethod
     def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
         return multi30k_tokenizer(task_data(cfg, Multi30kData).vocab)
 

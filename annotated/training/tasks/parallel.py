@@ -61,6 +61,16 @@ class ParallelTask(CorpusTask):
         }
 
     @staticmethod
+    def dev_set(cfg: TrainConfig) -> list[tuple[str, str]]:  # validation while training (6h)
+        prepared = prepared_for(cfg)
+        if "dev" not in prepared.raw:
+            raise DataError(
+                f"{prepared.folder} was prepared without a validation pair: prepare it again with "
+                f"--valid SRC,REF to validate while training, or set valid_sentences=0."
+            )
+        return prepared.test_set("dev")
+
+    @staticmethod
     def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
         return prepared_for(cfg).tokenizer
 

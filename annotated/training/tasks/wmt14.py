@@ -65,6 +65,10 @@ class Wmt14Task(CorpusTask):
         }
 
     @staticmethod
+    def dev_set(cfg: TrainConfig) -> list[tuple[str, str]]:  # the paper's dev set (section 6.2)
+        return prepare_for(cfg).test_set("dev")
+
+    @staticmethod
     def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
         return prepare_for(cfg).tokenizer
 

@@ -1,0 +1,111 @@
+"""Validation while training (chapter 6h): the dev loss and BLEU logged at every checkpoint, the
+best checkpoint kept and used, early stopping, and a resumed run that stays exact."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from annotated.cli import prepare
+from annotated.evaluation.runs import evaluate_run
+from annotated.training.run_folder import read_metrics
+
+from helpers import final_weights, run_trainer, sets
+
+TINY = sets("model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2", "log_every=5")
+STEPS = sets("checkpoint_every=10", "valid_sentences=40")
+
+
+def corpus(root, pairs):
+    for side, lang in enumerate(("en", "de")):
+        (root / f"{pairs}.{lang}").write_text("".join(p[side] + "\n" for p in PAIRS[pairs]))
+    return [str(root / f"{pairs}.{lang}") for lang in ("en", "de")]
+
+
+PAIRS = {
+    "train": [(f"a dog number {i} runs", f"ein Hund Nummer {i} rennt") for i in range(300)]
+    + [(f"a cat number {i} sleeps", f"eine Katze Nummer {i} schläft") for i in range(300)],
+    "valid": [(f"a dog number {i} sleeps", f"ein Hund Nummer {i} schläft") for i in range(60)],
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("valid")
+    train, valid = corpus(root, "train"), corpus(root, "valid")
+    args = ["--src", train[0], "--tgt", train[1], "--valid", ",".join(valid)]
+    assert prepare.main([*args, "--out", str(root / "data"), "--vocab", "120"]) == 0
+    assert prepare.main([*args[:4], "--out", str(root / "no-valid"), "--vocab", "120"]) == 0
+    return root
+
+
+def train(data, out, *more, check=True):
+    return run_trainer("--config", "parallel", *sets(f"data.path={data / 'data'}"), *TINY,
+                       *more, "--out", str(out), check=check)  # fmt: skip
+
+
+def test_each_checkpoint_is_validated_and_the_best_is_kept_and_used(data, tmp_path):
+    out = tmp_path / "run"
+    frozen = sets("optim.lr_factor=1e-9", "keep_last=1", "max_steps=30")  # the same BLEU each time
+    train(data, out, *STEPS, *frozen)
+    records = read_metrics(out / "metrics.jsonl")[0]
+    dev = [r for r in records if "dev_bleu" in r]
+    assert [r["step"] for r in dev] == [10, 20, 30], dev
+    assert all(r["dev_sentences"] == 40 and r["dev_loss"] > 0 for r in dev)
+    assert len({r["dev_bleu"] for r in dev}) == 1  # a model that does not change
+    best = json.loads((out / "best.json").read_text())
+    assert best["step"] == 10 and best["checkpoint"] == "ckpt_00000010.pt"  # ties do not replace
+    kept = sorted(p.name for p in (out / "checkpoints").glob("ckpt_*.pt"))
+    assert kept == ["ckpt_00000010.pt", "ckpt_00000030.pt"]  # keep_last=1, and the best
+    evaluate = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(out), "--best"]
+    r = subprocess.run([*evaluate, "--limit", "5"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "valid (5 of 60 sentences)" in r.stdout, r.stderr[-2000:]
+    assert evaluate_run(out, best=True, limit=5)["checkpoints"] == ["ckpt_00000010.pt"]
+    r = subprocess.run([*evaluate, "--last", "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "give one of them" in r.stderr
+
+
+def test_patience_stops_the_run_when_the_dev_bleu_stalls(data, tmp_path):
+    out = tmp_path / "run"
+    frozen = sets("optim.lr_factor=1e-9", "max_steps=100", "patience=2")
+    r = train(data, out, *STEPS, *frozen)
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")[0] if "dev_bleu" in r]
+    assert steps == [10, 20, 30], steps  # the best at 10, then two without a better one
+    assert sorted(p.name for p in (out / "checkpoints").glob("ckpt_*.pt"))[-1] == "ckpt_00000030.pt"
+    assert "has not improved for 2 validations; stopping" in r.stdout, r.stdout
+    assert "done:" in r.stdout + r.stderr
+
+
+def test_validation_changes_no_weight_and_a_resumed_run_stays_exact(data, tmp_path):
+    args = sets("max_steps=40")
+    train(data, tmp_path / "plain", *args, *sets("checkpoint_every=10"))
+    train(data, tmp_path / "validated", *args, *STEPS)
+    train(data, tmp_path / "resumed", *STEPS, *sets("max_steps=20"))
+    train(data, tmp_path / "resumed", *args, *STEPS, "--resume")
+    plain, validated = final_weights(tmp_path / "plain"), final_weights(tmp_path / "validated")
+    resumed = final_weights(tmp_path / "resumed")
+    assert all(torch.equal(plain[k], validated[k]) for k in plain)
+    assert all(torch.equal(plain[k], resumed[k]) for k in plain)
+    dev = [
+        [
+            {k: v for k, v in r.items() if k != "dev_s"}
+            for r in read_metrics(f)[0]
+            if "dev_bleu" in r
+        ]
+        for f in (tmp_path / "validated" / "metrics.jsonl", tmp_path / "resumed" / "metrics.jsonl")
+    ]
+    assert dev[0] == dev[1] and len(dev[0]) == 4
+
+
+def test_a_task_or_folder_without_a_validation_set_is_a_message(data, tmp_path):
+    r = run_trainer("--config", "copy", *sets("valid_sentences=10", "max_steps=5"), "--out",
+                    str(tmp_path / "copy"), check=False)  # fmt: skip
+    assert r.returncode == 2 and "the copy task has no validation set" in r.stderr, r.stderr
+    r = run_trainer("--config", "parallel", *sets(f"data.path={data / 'no-valid'}"), *TINY,
+                    *STEPS, "--out", str(tmp_path / "own"), check=False)  # fmt: skip
+    assert r.returncode == 2 and "--valid SRC,REF" in r.stderr and "Traceback" not in r.stderr
+    r = run_trainer("--config", "copy", *sets("patience=3"), "--out", str(tmp_path / "p"),
+                    check=False)  # fmt: skip
+    assert r.returncode == 2 and "patience" in r.stderr
