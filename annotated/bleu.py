@@ -22,23 +22,26 @@ from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 # %% ../notebooks/07b_evaluation.ipynb #c043
 def _check_corpora(hyps, refs, who: str):
+    """(hypotheses, reference streams): `refs` holds one reference per hypothesis, or is a list
+    of such lists, for several references of each sentence."""
     hyps, refs = list(hyps), list(refs)
-    if len(hyps) != len(refs):
+    streams = [refs] if not refs or isinstance(refs[0], str) else [list(r) for r in refs]
+    if any(len(hyps) != len(stream) for stream in streams):
         raise ValueError(
-            f"{who}: {len(hyps)} hypotheses but {len(refs)} references; they must be parallel, "
-            f"one hypothesis per reference (look for a missing or an extra line)."
+            f"{who}: {len(hyps)} hypotheses but {[len(s) for s in streams]} references; they "
+            f"must be parallel, one hypothesis per reference (look for a missing or extra line)."
         )
-    if not refs:
+    if not hyps:
         raise ValueError(f"{who}: the corpus is empty; BLEU needs at least one sentence.")
-    return hyps, refs
+    return hyps, streams
 
 
 def sacrebleu_score(hyps, refs) -> tuple[float, str]:
-    """Corpus BLEU of detokenised hypotheses, one reference each, sacreBLEU defaults
-    -> (score, signature)."""
-    hyps, refs = _check_corpora(hyps, refs, "sacrebleu_score")
+    """Corpus BLEU of detokenised hypotheses, one or several references each, sacreBLEU
+    defaults -> (score, signature)."""
+    hyps, streams = _check_corpora(hyps, refs, "sacrebleu_score")
     bleu = BLEU()
-    return bleu.corpus_score(hyps, [refs]).score, str(bleu.get_signature())
+    return bleu.corpus_score(hyps, streams).score, str(bleu.get_signature())
 
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
@@ -71,11 +74,12 @@ def tokenized_bleu(hyps, refs, lang: str = "de", *, compound_split: bool = True)
     """The paper's BLEU (comparable to Table 2, NOT to sacreBLEU) -> (score, its settings):
     get_ende_bleu.sh as written, Unicode punctuation replaced in the hypotheses only.
     compound_split=False: multi-bleu.perl on tokenizer.perl's tokens of both sides."""
-    hyps, refs = _check_corpora(hyps, refs, "tokenized_bleu")
+    hyps, streams = _check_corpora(hyps, refs, "tokenized_bleu")
     system = PaperTokenizer(lang, compound_split=compound_split, replace_punctuation=compound_split)
     reference = PaperTokenizer(lang, compound_split=compound_split)
     bleu = BLEU(tokenize="none", smooth_method="none", force=True)
-    score = bleu.corpus_score([system(h) for h in hyps], [[reference(r) for r in refs]]).score
+    tokenized = [[reference(r) for r in stream] for stream in streams]
+    score = bleu.corpus_score([system(h) for h in hyps], tokenized).score
     steps = "+hyp-unicode-punct+compound-split(##AT##)" if compound_split else ""
     return score, f"moses-tok:{lang}{steps}|{bleu.get_signature()}"
 
@@ -86,14 +90,16 @@ _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 def lowercase_tokenized_bleu(hyps, refs, lang: str = "de") -> tuple[float, str]:
     """`multi-bleu.perl -lc` on Moses-tokenized text, the convention of published Multi30k results:
     tokenize, then lowercase ASCII letters only (Perl's lc on undecoded bytes); no smoothing."""
-    hyps, refs = _check_corpora(hyps, refs, "lowercase_tokenized_bleu")
+    hyps, streams = _check_corpora(hyps, refs, "lowercase_tokenized_bleu")
     tok = MosesTokenizer(lang=lang)
 
     def prep(line: str) -> str:
         return tok.tokenize(line, return_str=True, escape=False).translate(_ASCII_LOWER)
 
     bleu = BLEU(tokenize="none", smooth_method="none", force=True)
-    score = bleu.corpus_score([prep(h) for h in hyps], [[prep(r) for r in refs]]).score
+    score = bleu.corpus_score(
+        [prep(h) for h in hyps], [[prep(r) for r in s] for s in streams]
+    ).score
     return score, f"moses-tok:{lang}+ascii-lowercase|{bleu.get_signature()}"
 
 

@@ -662,3 +662,39 @@ def test_bleu_reads_a_pipe_and_refuses_folders_and_empty_languages(tmp_path, cap
         with pytest.raises(SystemExit) as exit:
             bleu_main([*args, "--ref", str(tmp_path / "ref")])
         assert exit.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_several_references_score_as_sacrebleus_command_line_and_print_as_json(tmp_path, capsys):
+    """Two reference files: the score sacreBLEU's own command gives for them, higher than with
+    either alone; --json prints every score and signature as one object."""
+    import json
+
+    from annotated.cli.bleu import main as bleu_main
+
+    other = [r.replace("Haus", "Gebäude").replace("der", "die") for r in REFS]  # a second version
+    for name, lines in [("hyp", HYPS), ("ref1", REFS), ("ref2", other)]:
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    both, signature = sacrebleu_score(HYPS, [REFS, other])
+    cli = [str(BIN / "sacrebleu"), str(tmp_path / "ref1"), str(tmp_path / "ref2")]
+    cli += ["-i", str(tmp_path / "hyp"), "-b", "-w", "4"]
+    assert subprocess.run(cli, capture_output=True, text=True, check=True).stdout.strip() == (
+        f"{both:.4f}"
+    )
+    assert "nrefs:2" in signature and both >= max(
+        sacrebleu_score(HYPS, r)[0] for r in (REFS, other)
+    )
+    args = ["--hyp", str(tmp_path / "hyp"), "--ref", str(tmp_path / "ref1"), str(tmp_path / "ref2")]
+    capsys.readouterr()
+    assert bleu_main([*args, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["references"] == 2 and printed["sentences"] == len(HYPS)
+    assert (
+        printed["sacrebleu"] == pytest.approx(both) and "nrefs:2" in printed["sacrebleu_signature"]
+    )
+    assert printed["tokenized_bleu"] == pytest.approx(
+        tokenized_bleu(HYPS, [REFS, other], compound_split=False)[0]
+    )
+    (tmp_path / "short").write_text("one line\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit:
+        bleu_main([*args, str(tmp_path / "short")])
+    assert exit.value.code == 2 and "line counts differ" in capsys.readouterr().err

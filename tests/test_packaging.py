@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ["train", "translate", "bleu", "evaluate", "prepare", "ablate"]
+COMMANDS = ["train", "translate", "bleu", "evaluate", "prepare", "ablate", "export", "launch"]
 
 
 def torch_pin() -> str:

@@ -5,6 +5,8 @@ __all__ = ["main"]
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-bleu-c003b
 # `python -m annotated.cli.bleu --hyp FILE --ref FILE`: the four BLEU scores of a translation file.
+import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -17,11 +19,11 @@ from .epilogue import Epilogue, command_parser, run_command
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-bleu-c049
 def main(argv: list[str] | None = None) -> int:
-    """Command line --hyp FILE --ref FILE [--lang de]: print sacreBLEU, tokenized BLEU with and
-    without compound splitting, and tokenized lowercased BLEU."""
+    """Command line --hyp FILE --ref FILE [FILE ...] [--lang de] [--json]: print sacreBLEU,
+    tokenized BLEU with and without compound splitting, and tokenized lowercased BLEU."""
     parser = command_parser(
         prog="python -m annotated.cli.bleu",
-        description="Corpus BLEU of a translation file against a reference file "
+        description="Corpus BLEU of a translation file against one or more reference files "
         "(one sentence per line): "
         "sacreBLEU with its signature, tokenized BLEU, the paper's compound-split tokenized BLEU "
         "(comparable to Table 2 only), and tokenized lowercased BLEU (multi-bleu.perl -lc, used "
@@ -29,36 +31,45 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--hyp", required=True, type=Path, help="system translations, detokenised")
     parser.add_argument(
-        "--ref", required=True, type=Path, help="reference translations, detokenised"
-    )
-    parser.add_argument(
-        "--lang", default="de", help="target language for the Moses tokenizer (default: de)"
-    )
+        "--ref", required=True, type=Path, nargs="+", help="reference translations, detokenised; "
+        "several files give several references of each sentence",
+    )  # fmt: skip
+    parser.add_argument("--lang", default="de", help="target language for the Moses tokenizer")
+    parser.add_argument("--json", action="store_true", help="print the scores as one JSON object")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"[A-Za-z]{2,3}", args.lang):
         parser.error(f"--lang {args.lang!r}: give the target's language code, such as de or fr")
-    for path in (args.hyp, args.ref):  # a pipe (--hyp <(...)) or a device is read as it comes
-        if not path.exists() or path.is_dir():
-            parser.error(f"{path} {'is a folder' if path.is_dir() else 'does not exist'}; "
-                         f"give a file with one sentence a line")  # fmt: skip
-    try:  # UTF-8 checked line by line, a byte-order mark dropped (it would count as a character)
-        hyps, refs = read_lines(args.hyp), read_lines(args.ref)
+    hyps = _read(parser, args.hyp)
+    refs = [_read(parser, path) for path in args.ref]
+    for path, lines in zip(args.ref, refs):
+        if not lines:
+            parser.error(f"{path} is empty; BLEU needs at least one reference sentence.")
+        if len(hyps) != len(lines):
+            parser.error(
+                "the files must be parallel, one translation per reference line, but their line "
+                f"counts differ: {len(hyps)} in {args.hyp}, {len(lines)} in {path}."
+            )
+    end = Epilogue(interrupted="nothing was scored; run the same command again")
+    return run_command(lambda: _print_scores(hyps, refs, args.lang, args.json), end)
+
+
+def _read(parser: argparse.ArgumentParser, path: Path) -> list[str]:
+    """The lines of a file, UTF-8 checked line by line, a byte-order mark dropped (it would count
+    as a character). A pipe (--hyp <(...)) or a device is read as it comes."""
+    if not path.exists() or path.is_dir():
+        parser.error(f"{path} {'is a folder' if path.is_dir() else 'does not exist'}; "
+                     f"give a file with one sentence a line")  # fmt: skip
+    try:
+        return read_lines(path)
     except DataError as e:
         parser.error(str(e))
-    if not refs:
-        parser.error(f"{args.ref} is empty; BLEU needs at least one reference sentence.")
-    if len(hyps) != len(refs):
-        parser.error(
-            "the files must be parallel, one translation per reference line, "
-            "but their line counts "
-            f"differ: {len(hyps)} in {args.hyp}, {len(refs)} in {args.ref}."
-        )
-    end = Epilogue(interrupted="nothing was scored; run the same command again")
-    return run_command(lambda: _print_scores(hyps, refs, args.lang), end)
 
 
-def _print_scores(hyps: list[str], refs: list[str], lang: str) -> None:
+def _print_scores(hyps: list[str], refs: list[list[str]], lang: str, as_json: bool) -> None:
     scores = score_translations(hyps, refs, lang)
+    if as_json:
+        print(json.dumps({"references": len(refs), "sentences": len(hyps), **scores}, indent=1))
+        return
     for key, name, note in [
         ("sacrebleu", "sacreBLEU", ""),
         ("tokenized_bleu", "tokenized BLEU", ""),

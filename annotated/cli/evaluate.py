@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
-from ..experiments.plots import save_run_plot
 from ..files import check_writable
 from ..training.checkpoints import checkpoint_step
 from ..training.tensorboard import board_scores
@@ -66,6 +65,8 @@ def _per_checkpoint(args) -> dict[int, float]:
 
 def _plot(args, report: dict, per_checkpoint: dict[int, float]) -> Path:
     """The run on one page (save_run_plot), with each kept checkpoint scored alone."""
+    from annotated.experiments.plots import save_run_plot  # matplotlib: only when asked
+
     first = next(iter(report["tests"].values()))
     _, metrics, _ = read_run(args.run)
     title = f"{Path(args.run).name}: sacreBLEU on {next(iter(report['tests']))}"
@@ -133,6 +134,8 @@ def _check_first(ap: argparse.ArgumentParser, args) -> None:
         check_writable(Path(args.plot).resolve(), "--plot")
     if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
         ap.error("--tensorboard needs the tensorboard package: pip install tensorboard")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        ap.error(f"--plot {args.plot} needs matplotlib: pip install matplotlib, or leave it out")
 
 
 def _check_results(ap: argparse.ArgumentParser, results: Path, run: Path) -> None:

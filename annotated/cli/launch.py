@@ -22,6 +22,7 @@ from .epilogue import EXIT_CODES
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun with `argv` (its options, then the command) and return the exit code of
     the processes it started rather than its own."""
+    sys.argv[0] = "python -m annotated.cli.launch"  # the name torchrun's --help shows
     with tempfile.TemporaryDirectory(prefix="annotated-exits-") as folder:
         os.environ[EXIT_CODES] = folder  # inherited by every process torchrun starts
         try:

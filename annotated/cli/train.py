@@ -6,12 +6,12 @@ __all__ = ["main"]
 # %% ../../notebooks/A3_command_lines.ipynb #cli-train-c002e
 # `python -m annotated.cli.train`: train a named configuration, with overrides.
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
 import torch.distributed as dist
 
-from ..experiments.plots import save_run_plot
 from ..training.config import TrainConfig
 from ..training.config_files import config_text
 from ..training.registry import CONFIGS, build_config
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.print_config:
         return run_command(lambda: print(_config_text(args), end=""), Epilogue("nothing was done"))
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        ap.error(f"--plot {args.plot} needs matplotlib: pip install matplotlib, or leave it out")
     if args.out is None or not args.out.strip():
         ap.error("--out must name a folder (an empty name would train into the current one)")
     kept = f"the checkpoints already in {args.out} are intact"
@@ -102,6 +104,8 @@ def _train(args, argv: list[str]) -> None:
         tensorboard=args.tensorboard,
     )
     if args.plot and (not dist.is_initialized() or dist.get_rank() == 0):
+        from annotated.experiments.plots import save_run_plot  # matplotlib: only when asked
+
         metrics = read_metrics(Path(args.out) / "metrics.jsonl")[0]
         print("wrote", save_run_plot(args.plot, metrics, title=f"{args.config}: {args.out}"))
 

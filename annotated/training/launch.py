@@ -15,8 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import altair as alt
-import pandas as pd
 import torch
 
 from ..errors import ConfigError, TrainingError
@@ -61,6 +59,9 @@ def _records(path: Path) -> list[dict]:
 
 
 def _loss_chart(records: list[dict], title: str):
+    import altair as alt  # the book's libraries: the notebook that launches has them
+    import pandas as pd
+
     steps = [r for r in records if "loss" in r]  # not the validations
     data = pd.DataFrame(steps or [{"step": 0, "loss": None}])
     return (
