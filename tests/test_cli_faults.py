@@ -52,12 +52,13 @@ def test_a_closed_standard_stream_is_a_message(copy_run, closed, name):
     assert "Traceback" not in r.stderr
 
 
-def test_a_beam_search_out_of_memory_says_what_to_lower(copy_run, monkeypatch, capsys):
+def test_a_beam_search_out_of_memory_says_what_to_lower(copy_run, monkeypatch, capsys, tmp_path):
     def no_memory(*args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1")
 
     monkeypatch.setattr(translate_cli, "translate", no_memory)
-    monkeypatch.setattr(sys, "stdin", open("/dev/null"))
+    (tmp_path / "lines").write_text("3 4 5\n")
+    monkeypatch.setattr(sys, "stdin", open(tmp_path / "lines"))
     ckpt = str(copy_run / "checkpoints/ckpt_00000004.pt")
     assert translate_cli.main(["--checkpoint", ckpt, "--beam", "64"]) == 2
     err = capsys.readouterr().err

@@ -19,7 +19,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import sacrebleu
 import torch
 
 from annotated.training.checkpoints import (
@@ -32,9 +31,9 @@ from annotated.training.checkpoints import (
 )
 
 from ..batching import BOS, EOS, make_batch
-from ..decoding import sequence_log_prob
+from ..bleu import sacrebleu_score
+from ..decoding import greedy_decode, sequence_log_prob
 from ..errors import ConfigError, TrainingError
-from ..evaluation.translation import translate
 from ..files import write_text_atomic
 from .config import TrainConfig
 from .registry import TASKS
@@ -54,21 +53,26 @@ def validate(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 6
     """Dev loss (cross-entropy per target token, </s> included, without label smoothing) and
     the sacreBLEU of greedy translations. Uses no random numbers, so a run resumes exactly."""
     started, training = time.time(), model.training
-    device = next(model.parameters()).device
-    nll, tokens = 0.0, 0
+    longest = getattr(model.src_embed[1], "max_len", 5000)  # the positional encoding's length
+    nll, tokens, hyps = 0.0, 0, []
     model.eval()
     for k in range(0, len(pairs), batch_size):
         chunk = pairs[k : k + batch_size]
-        batch = make_batch([tokenizer.encode(s) + [EOS] for s, _ in chunk])
-        targets = [tokenizer.encode(t) for _, t in chunk]
-        src, mask = batch.src.to(device), batch.src_mask.to(device)
+        batch = make_batch([tokenizer.encode(s)[: longest - 52] + [EOS] for s, _ in chunk])
+        targets = [tokenizer.encode(t)[: longest - 1] for _, t in chunk]
+        src, mask = (t.to(next(model.parameters()).device) for t in (batch.src, batch.src_mask))
         nll -= float(sequence_log_prob(model, src, mask, targets, BOS, EOS).sum())
         tokens += sum(len(t) + 1 for t in targets)
-    hyps = translate(model, tokenizer, [s for s, _ in pairs], beam_size=1, batch_size=batch_size)
-    bleu = sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score
+        ys = greedy_decode(model, src, mask, src.size(1) + 51, BOS, end_symbol=EOS)
+        hyps += [tokenizer.decode(_until_end(row[1:])) for row in ys.tolist()]
     model.train(training)
+    bleu = sacrebleu_score(hyps, [t for _, t in pairs])[0]
     seconds = time.time() - started
     return dict(dev_loss=nll / tokens, dev_bleu=bleu, dev_sentences=len(pairs), dev_s=seconds)
+
+
+def _until_end(ids: list[int]) -> list[int]:
+    return ids[: ids.index(EOS)] if EOS in ids else ids
 
 
 class Validator:
