@@ -270,7 +270,7 @@ def test_processes_preparing_at_once_take_turns(tmp_path):
 
 def test_torchrun_command_for_one_and_several_machines():
     one = torchrun_command("wmt14-base", "runs/x", gpus=8, overrides=["max_steps=10"])
-    assert one[1:4] == ["-m", "torch.distributed.run", "--nproc_per_node=8"]
+    assert one[1:4] == ["-m", "annotated.cli.launch", "--nproc_per_node=8"]  # torchrun's options
     assert "--standalone" in one and one[-1] == "--no-progress"
     assert one[one.index("--set") + 1] == "max_steps=10"
     two = torchrun_command("wmt14-big", "runs/y", gpus=4, nodes=2, rendezvous="n1:29500")
@@ -291,15 +291,16 @@ def test_slurm_script_is_valid_bash_and_resumes(tmp_path):
     assert "--nnodes=4 --nproc_per_node=8" in script
     assert "python -m annotated.cli.prepare --config wmt14-big --set max_steps=10" in script
     assert "--out 'runs/big run'" in script and "echo --resume" in script
-    # torchrun as the single-machine command runs it, through the environment's own Python
-    assert "srun python -m torch.distributed.run --nnodes=4" in script
+    # torchrun as the single-machine command runs it (the book's launcher, which exits with the
+    # trainers' code), through the environment's own Python
+    assert "srun python -m annotated.cli.launch --nnodes=4" in script
     assert "srun torchrun" not in script
     # the data: on a folder every node sees, prepared on the first, then checked on every node
     lines = script.splitlines()
     prepare = "python -m annotated.cli.prepare --config wmt14-big --set max_steps=10"
     first, every = lines.index(prepare), lines.index(f"srun --ntasks-per-node=1 {prepare}")
     cache = lines.index('export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}"')
-    train = next(i for i, line in enumerate(lines) if "torch.distributed.run" in line)
+    train = next(i for i, line in enumerate(lines) if "annotated.cli.launch" in line)
     assert lines.index("set -e  # a step that fails ends the job") < cache < first < every < train
 
 

@@ -4,16 +4,17 @@
 __all__ = ["ENGINES", "main"]
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-export
-# `python -m annotated.cli.export`: a trained model for CTranslate2 or ONNX Runtime.
+# `python -m annotated.cli.export`: a trained model for CTranslate2, ONNX Runtime or transformers.
 import sys
 from pathlib import Path
 
 from ..data.tokenizer import Tokenizer
 from ..errors import ConfigError
 from ..evaluation.translation import load_model
+from ..training.run_folder import read_json
 from .epilogue import Epilogue, command_parser, run_command
 
-ENGINES = ("ctranslate2", "onnx")
+ENGINES = ("ctranslate2", "onnx", "transformers")
 
 
 def _export(args) -> Path:
@@ -24,22 +25,36 @@ def _export(args) -> Path:
         raise ConfigError(f"--to {engine} {out}: {out} exists; remove it or choose another folder")
     if args.quantization and engine != "ctranslate2":
         raise ConfigError("--quantization applies to CTranslate2 models only")
-    model, tokenizer, _ = load_model(args.checkpoint)
+    model, tokenizer, cfg = load_model(args.checkpoint)
     if not isinstance(tokenizer, Tokenizer):
         raise ConfigError("this run has no subword tokenizer (the copy task): nothing to serve")
     if engine == "onnx":
         from annotated.deploy.onnx_model import export_onnx
 
         return export_onnx(model, tokenizer, out)
+    if engine == "transformers":
+        from annotated.deploy.transformers_model import export_transformers
+
+        return export_transformers(model, tokenizer, cfg, out, card=_card(args.checkpoint))
     from annotated.deploy.ctranslate2_model import export_ctranslate2
 
     return export_ctranslate2(model, tokenizer, out, quantization=args.quantization)
 
 
+def _card(checkpoints: list[str]) -> dict:
+    """What the model card tells of the run: its run.json, and the checkpoints averaged."""
+    run = Path(checkpoints[-1]).resolve().parent.parent / "run.json"
+    card: dict = {"checkpoints": [Path(c).name for c in checkpoints]}
+    if run.is_file():
+        card["run"] = read_json(run)
+    return card
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = command_parser(
         prog="python -m annotated.cli.export",
-        description="Write a trained model for CTranslate2 or ONNX Runtime.",
+        description="Write a trained model for CTranslate2, ONNX Runtime or Hugging Face "
+        "transformers (MarianMT).",
     )
     ap.add_argument("--checkpoint", nargs="+", required=True, help="one, or several to average")
     ap.add_argument("--to", nargs=2, required=True, metavar=("ENGINE", "OUT"),
