@@ -49,6 +49,15 @@ def test_pip_install_into_an_empty_environment(tmp_path):
     assert "site-packages" in where and "EncoderDecoder" in where
     for name in COMMANDS:
         assert "usage:" in run("-m", f"annotated.cli.{name}", "--help")
+    # the notebooks' libraries are the `book` extra: without them the command lines still train
+    absent = run("-c", "import importlib.util as u; print([u.find_spec(m) for m in "
+                       "('pandas', 'altair', 'matplotlib')])")  # fmt: skip
+    assert absent.strip() == "[None, None, None]", absent
+    tiny = ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "max_steps=3"]
+    sets = [arg for item in tiny for arg in ("--set", item)]
+    run("-m", "annotated.cli.train", "--config", "copy", *sets, "--out", str(tmp_path / "run"),
+        "--no-progress")  # fmt: skip
+    assert (tmp_path / "run" / "checkpoints" / "ckpt_00000003.pt").is_file()
     # the licence travels with the package, as an SPDX expression and as the file itself, and
     # the distribution's version is the package's own
     meta = run(

@@ -6,10 +6,10 @@
 Both cells are tagged `remove-cell`: the built book has launch buttons instead, and a badge
 image would be a request to another site. The setup cell does nothing outside Colab. On Colab
 it clones the repository named in `_config.yml`, installs the package without its
-dependencies, then installs the dependencies except torch, so Colab's own CUDA build of torch
-stays; pip leaves alone whatever already satisfies a requirement. It then moves into the
-clone's `notebooks/` folder, so the chapters' relative paths work, and says which device the
-chapters will use. `tests/test_colab.py` runs it in a simulated Colab.
+dependencies, then installs the dependencies and the `book` extra except torch, so Colab's
+own CUDA build of torch stays; pip leaves alone whatever already satisfies a requirement. It
+then moves into the clone's `notebooks/` folder, so the chapters' relative paths work, and
+says which device the chapters will use. `tests/test_colab.py` runs it in a simulated Colab.
 """
 
 import argparse
@@ -37,7 +37,8 @@ if "google.colab" in sys.modules:
     if not os.path.isdir(book):
         subprocess.run(["git", "clone", "--depth", "1", repository, book], check=True)
     with open(os.path.join(book, "pyproject.toml"), "rb") as f:
-        needed = tomllib.load(f)["project"]["dependencies"]
+        project = tomllib.load(f)["project"]
+    needed = project["dependencies"] + project["optional-dependencies"]["book"]
     pip = [sys.executable, "-m", "pip", "install", "--quiet"]
     subprocess.run([*pip, "--no-deps", "--editable", book], check=True)
     subprocess.run([*pip, *[r for r in needed if not r.startswith("torch")]], check=True)
