@@ -76,7 +76,7 @@ SUBPACKAGES = {  # folder -> docstring of its generated __init__.py
     "training/tasks": "Training tasks: what the trainer draws its batches from (see its registry).",
     "evaluation": "Translating with a trained run, averaging its checkpoints, and scoring it.",
     "experiments": "The paper's tables and the book's figures: Table 1, Table 3, maps, speed.",
-    "deploy": "A trained model for what people deploy with: CTranslate2, ONNX Runtime, transformers.",
+    "deploy": "A trained model for CTranslate2, ONNX Runtime and Hugging Face transformers.",
 }
 
 
