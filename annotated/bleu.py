@@ -28,8 +28,9 @@ def _check_corpora(hyps, refs, who: str):
     streams = [refs] if not refs or isinstance(refs[0], str) else [list(r) for r in refs]
     if any(len(hyps) != len(stream) for stream in streams):
         raise ValueError(
-            f"{who}: {len(hyps)} hypotheses but {[len(s) for s in streams]} references; they "
-            f"must be parallel, one hypothesis per reference (look for a missing or extra line)."
+            f"{who}: {len(hyps)} hypotheses but {' and '.join(str(len(s)) for s in streams)} "
+            f"references; they must be parallel, one hypothesis per reference (look for a "
+            f"missing or an extra line)."
         )
     if not hyps:
         raise ValueError(f"{who}: the corpus is empty; BLEU needs at least one sentence.")

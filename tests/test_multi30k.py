@@ -40,15 +40,18 @@ class EchoModel(torch.nn.Module):
 def test_translate_decodes_without_special_tokens(monkeypatch):
     import importlib
 
+    from annotated.beam import Hypothesis
+
     translation = importlib.import_module("annotated.evaluation.translation")
     task_tokenizer = Multi30kTask(build_config("multi30k-cpu")).tokenizer
 
     def fake_beam_search(model, src, src_mask, max_len, bos, eos, beam_size, alpha):
-        return [
+        tokens = [
             [BOS] + [t for t in row if t not in (PAD, EOS)] + [EOS, PAD] for row in src.tolist()
         ]
+        return [[Hypothesis(t, 0.0, 0.0, True)] for t in tokens]
 
-    monkeypatch.setattr(translation, "beam_search", fake_beam_search)
+    monkeypatch.setattr(translation, "beam_search_hypotheses", fake_beam_search)
     sentences = ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball."]
     out = translate(EchoModel(task_tokenizer.vocab_size), task_tokenizer, sentences)
     assert out == ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball."]

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import __version__
+import annotated
+
 from ..errors import ExpectedError, Preempted, out_of_memory
 
 EXPECTED = 2  # an error the reader can fix, as argparse exits for a bad command line
@@ -61,7 +62,7 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
 def command_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The parser every command line starts from: defaults shown in --help, and --version."""
     ap = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_Defaults)
-    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {annotated.__version__}")
     return ap
 
 
