@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import annotated
 from annotated.cli import ablate, bleu, evaluate, export, prepare, translate
 from annotated.cli import train as train_cli
 from annotated.cli.epilogue import Epilogue, run_command
@@ -193,3 +194,22 @@ sys.exit(code)
     assert proc.returncode == 143, err
     assert err.strip() == "terminated (SIGTERM): nothing was written; run it again."
     assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary copy
+
+
+def test_every_command_says_its_version(capsys):
+    """--version names the command and the package's version, and exits 0; `launch`, whose
+    options are torchrun's, says it too."""
+    from annotated.cli import launch
+
+    version = annotated.__version__
+    for module in (ablate, bleu, evaluate, export, prepare, translate, train_cli):
+        with pytest.raises(SystemExit) as stop:
+            module.main(["--version"])
+        assert stop.value.code == 0
+        name = module.__name__
+        assert capsys.readouterr().out.strip() == f"python -m {name} {version}", name
+    assert launch.main(["--version"]) == 0
+    said = capsys.readouterr().out
+    assert (
+        said.startswith(f"python -m annotated.cli.launch {version} ") and torch.__version__ in said
+    )

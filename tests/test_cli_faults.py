@@ -106,8 +106,8 @@ def test_evaluate_checks_its_device_and_paths_before_decoding(copy_run, tmp_path
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
     for args, says in [
-        (["--device", "tpu9"], "is not a device PyTorch knows"),
-        (["--device", f"cuda:{torch.cuda.device_count()}"], "CUDA devices; use cpu"),
+        (["--device", "tpu9"], "--device tpu9: not a device name"),
+        (["--device", f"cuda:{torch.cuda.device_count()}"], "this machine has no such device"),
         (["--results", blocked / "results"], "--results"),
         (["--plot", blocked / "run.png"], "--plot"),
         (["--results", ""], "not an empty string"),

@@ -8,6 +8,7 @@ __all__ = [
     "EXIT_CODES",
     "Terminated",
     "command_parser",
+    "chosen_device",
     "Epilogue",
     "run_command",
 ]
@@ -64,6 +65,24 @@ def command_parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_Defaults)
     ap.add_argument("--version", action="version", version=f"%(prog)s {annotated.__version__}")
     return ap
+
+
+def chosen_device(ap: argparse.ArgumentParser, name: str | None) -> torch.device:
+    """--device NAME, or the GPU when there is one: a device this machine lacks is a usage
+    error, said before any checkpoint is read."""
+    try:
+        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        ap.error(f"--device {name}: not a device name; use cpu, cuda, cuda:N or mps")
+    gpus = torch.cuda.device_count()
+    there = {"cpu": 1, "cuda": gpus, "mps": int(torch.backends.mps.is_available())}
+    if (device.index or 0) >= there.get(device.type, 0):
+        others = f", or one of cuda:0..cuda:{gpus - 1}" if gpus else ""
+        ap.error(
+            f"--device {name}: this machine has no such device (PyTorch sees {gpus} CUDA "
+            f"device(s)); use --device cpu{others}"
+        )
+    return device
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,12 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import torch
-
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
 from ..files import check_writable
 from ..training.checkpoints import checkpoint_step
 from ..training.tensorboard import board_scores
 from ..training.validation import best_checkpoint
-from .epilogue import Epilogue, command_parser, run_command
+from .epilogue import Epilogue, chosen_device, command_parser, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-c023c
@@ -44,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, help="translate only the first N sentences of each set")
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--alpha", type=float, default=0.6)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", help="cpu, cuda, cuda:1 or mps (default: cuda when there is one)")
     ap.add_argument(
         "--plot",
         metavar="PNG",
@@ -98,7 +96,7 @@ def _print_scores(report: dict):
 
 
 def _check_first(ap: argparse.ArgumentParser, args) -> None:
-    """What can be checked before decoding: the numbers, the device, the run folder, and the
+    """What can be checked before decoding: the numbers, the run folder, and the
     paths that will be written."""
     if any(n is not None and n < 1 for n in (args.last, args.limit, args.beam)) or not (
         args.alpha >= 0
@@ -113,14 +111,6 @@ def _check_first(ap: argparse.ArgumentParser, args) -> None:
         best_checkpoint(Path(args.run))  # fail now if the run has no best.json
     if not args.run.strip() or not all(p is None or p.strip() for p in (args.results, args.plot)):
         ap.error("--run, --results and --plot must name a folder or a file, not an empty string")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        ap.error(f"--device {args.device!r} is not a device PyTorch knows; use cpu or cuda")
-    gpus = torch.cuda.device_count()
-    if device.type == "cuda" and (device.index or 0) >= gpus:
-        others = f" or one of cuda:0..cuda:{gpus - 1}" if gpus else ""
-        ap.error(f"--device {args.device}: this PyTorch sees {gpus} CUDA devices; use cpu{others}")
     if args.results:
         read_run(args.run)  # fail now, not after decoding every test set
         _check_results(ap, Path(args.results), Path(args.run))
@@ -159,6 +149,7 @@ def _check_results(ap: argparse.ArgumentParser, results: Path, run: Path) -> Non
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
+    args.device = chosen_device(ap, args.device)
     end = Epilogue(
         interrupted="nothing was written; run the same command again",
         writes="the results",

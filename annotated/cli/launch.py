@@ -11,9 +11,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun
+
+import annotated
 
 from ..errors import Preempted
 from .epilogue import EXIT_CODES
@@ -23,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run torchrun with `argv` (its options, then the command) and return the exit code of
     the processes it started rather than its own."""
     sys.argv[0] = "python -m annotated.cli.launch"  # the name torchrun's --help shows
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["--version"]:  # torchrun has none
+        print(f"{sys.argv[0]} {annotated.__version__} (torchrun of PyTorch {torch.__version__})")
+        return 0
     with tempfile.TemporaryDirectory(prefix="annotated-exits-") as folder:
         os.environ[EXIT_CODES] = folder  # inherited by every process torchrun starts
         try:

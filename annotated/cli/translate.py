@@ -13,13 +13,11 @@ import select
 import sys
 from pathlib import Path
 
-import torch
-
 from ..data.download import decode_lines
 from ..errors import DataError
 from ..evaluation.translation import load_model, translate
 from ..files import atomic_path, check_writable
-from .epilogue import Epilogue, command_parser, run_command
+from .epilogue import Epilogue, chosen_device, command_parser, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-translate-c006
@@ -56,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--beam and --batch-size must be at least 1, --alpha a finite number >= 0")
     if not 0 <= args.nbest <= args.beam:
         ap.error(f"--nbest {args.nbest}: a beam of {args.beam} holds 1 to {args.beam} outputs")
-    args.device = _device(ap, args.device)
+    args.device = chosen_device(ap, args.device)
     end = Epilogue(
         interrupted=f"nothing was written to {args.output}; run the same command again"
         if args.output
@@ -69,19 +67,6 @@ def main(argv: list[str] | None = None) -> int:
         expected=(ValueError,),  # a line too long for the model
     )
     return run_command(lambda: _translate_all(args), end)
-
-
-def _device(ap: argparse.ArgumentParser, name: str | None) -> torch.device:
-    """The device asked for, or the GPU when there is one; a device this machine lacks is a
-    usage error, before any checkpoint is read."""
-    try:
-        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError:
-        ap.error(f"--device {name}: not a device name; use cpu, cuda, cuda:N or mps")
-    there = {"cpu": 1, "cuda": torch.cuda.device_count(), "mps": torch.backends.mps.is_available()}
-    if (device.index or 0) >= there.get(device.type, 0):
-        ap.error(f"--device {name}: this machine has no such device; use --device cpu")
-    return device
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-translate-stream
