@@ -13,6 +13,9 @@ when measured here. Beside the speed, each engine's agreement with the book: ide
 and sacreBLEU on the references.
 With `--engines book` it uses only the package's stable reader API (load_model, translate), so the
 same file measures an older commit of the package too: copy it into that checkout and run it there.
+`--device cuda` runs the book (bf16, as `translate` chooses on a GPU) and CTranslate2 (bf16) on the
+GPU; ONNX Runtime runs on the CPU only. CTranslate2's PyPI wheels load CUDA 12's cuBLAS
+(libcublas.so.12), which the machine must have.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ from annotated.training.registry import TASKS
 ENGINES = ("book", "ctranslate2", "ctranslate2-int8", "onnx")
 
 
-def translator(name: str, model, tokenizer, folder: Path, threads: int):
-    """(sentences, beam) -> translations, by engine `name`."""
+def translator(name: str, model, tokenizer, folder: Path, threads: int, device: str = "cpu"):
+    """(sentences, beam) -> translations, by engine `name` on `device` (cpu or cuda)."""
     if name == "book":
         return lambda s, beam: translate(model, tokenizer, s, beam_size=beam, alpha=0.6)
     if name.startswith("ctranslate2"):
@@ -53,7 +56,8 @@ def translator(name: str, model, tokenizer, folder: Path, threads: int):
 
         quantization = "int8" if name == "ctranslate2-int8" else None
         path = export_ctranslate2(model, tokenizer, folder / name, quantization=quantization)
-        t = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads)
+        where = {"device": device, "compute_type": "bfloat16"} if device == "cuda" else {}
+        t = ctranslate2.Translator(str(path), intra_threads=threads, **where)
         # one call for all sentences, without exact per-sentence limits: as its users call it
         return lambda s, beam: ctranslate2_translate(t, tokenizer, s, beam_size=beam,
                                                      exact_limits=False)  # fmt: skip
@@ -73,12 +77,16 @@ def timed(run, sources, beam: int, rounds: int) -> tuple[list[str], list[float]]
     return outputs, seconds
 
 
-def engine_alone(name: str, run_folder: Path, sentences: int, threads: int, rounds: int) -> dict:
+def engine_alone(
+    name: str, run_folder: Path, sentences: int, threads: int, rounds: int, device: str = "cpu"
+) -> dict:
     """In a fresh process: one engine's outputs and seconds at beams 1 and 4."""
     torch.set_num_threads(threads)
     model, tokenizer, _, sources, _ = first_test_sentences(run_folder, sentences)
+    if name == "book":
+        model = model.to(device)
     with tempfile.TemporaryDirectory() as folder:
-        run = translator(name, model, tokenizer, Path(folder), threads)
+        run = translator(name, model, tokenizer, Path(folder), threads, device)
         return {beam: timed(run, sources, beam, rounds) for beam in (1, 4)}
 
 
@@ -98,23 +106,31 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"of {', '.join(ENGINES)}")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per engine and beam")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     names = [n for n in args.engines.split(",") if n]
     if "book" not in names or set(names) - set(ENGINES):
         ap.error(f"--engines: a comma-separated list of {', '.join(ENGINES)}, with book")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: this machine's PyTorch sees no GPU; use --device cpu")
+    if args.device == "cuda" and "onnx" in names:
+        ap.error(
+            "--engines onnx runs on the CPU only (onnxruntime); leave it out with --device cuda"
+        )
     names = ["book"] + [n for n in names if n != "book"]  # the book's outputs are the reference
     _, _, test, sources, references = first_test_sentences(args.run, args.sentences)
     command = "python benchmarks/translate_speed.py " + " ".join(argv or sys.argv[1:])
-    report = provenance(command, torch.device("cpu"))
+    report = provenance(command, torch.device(args.device))
     report.update(test_set=test, sentences=len(sources), threads=args.threads, rounds=args.rounds)
+    report["engine_device"] = args.device
     report["processes"] = "one per engine"
     report["checkpoints"] = len(checkpoint_paths(args.run))
     measured = {}
     for name in names:
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-            job = (name, args.run, args.sentences, args.threads, args.rounds)
+            job = (name, args.run, args.sentences, args.threads, args.rounds, args.device)
             measured[name] = pool.submit(engine_alone, *job).result()
     report["engines"] = summarise(measured, len(sources), references)
     report["ratios"] = ratios(report["engines"])

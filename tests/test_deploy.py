@@ -267,3 +267,19 @@ def test_the_browser_model_is_the_scored_run_with_translates_outputs(tiny_run, t
     (results / "results.json").write_text(json.dumps(scored))
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "export the run that was scored" in r.stderr
+
+
+def test_the_speed_benchmark_refuses_a_gpu_it_has_not_and_onnx_on_one(tiny_run, capsys):
+    """--device cuda: the book and CTranslate2 on the GPU; refused, before anything loads, on a
+    machine without one, and with ONNX Runtime, which runs on the CPU only."""
+    import importlib.util
+
+    from helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("speed", ROOT / "benchmarks/translate_speed.py")
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    says = "sees no GPU" if not torch.cuda.is_available() else "runs on the CPU only"
+    with pytest.raises(SystemExit) as stop:
+        speed.main(["--run", str(tiny_run), "--device", "cuda"])
+    assert stop.value.code == 2 and says in capsys.readouterr().err
