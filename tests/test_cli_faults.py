@@ -150,6 +150,9 @@ def test_evaluate_never_writes_its_results_over_a_run_or_other_files(copy_run, t
     assert run_files == {p: p.stat().st_mtime_ns for p in copy_run.rglob("*") if p.is_file()}
     r = command("evaluate", "--run", copy_run, "--plot", tmp_path, "--tensorboard", a_file)
     assert r.returncode == 2 and "--plot" in r.stderr and "is a folder" in r.stderr
+    r = command("train", "--config", "copy", "--out", tmp_path / "new-run", "--plot", tmp_path)
+    assert r.returncode == 2 and "--plot" in r.stderr and "is a folder" in r.stderr
+    assert not (tmp_path / "new-run").exists()  # refused before anything trained
 
 
 def test_evaluate_beside_a_live_trainer_lists_again_when_a_checkpoint_is_pruned(

@@ -214,6 +214,29 @@ def _full_disk(path):
     raise OSError(28, "No space left on device")
 
 
+def test_a_checkpoint_folder_that_refuses_writes_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    """torch.save says only "cannot be opened": a folder that refuses new files is what the
+    command line reports (its epilogue words an OSError), not a full disk."""
+    monkeypatch.setattr(torch, "save", _cannot_open)
+    denied = PermissionError(13, "Permission denied", str(tmp_path / "checkpoints"))
+    monkeypatch.setattr(checkpoints.tempfile, "TemporaryFile", lambda **kw: _raise(denied))
+    with pytest.raises(PermissionError) as refused:
+        save_checkpoint(tmp_path, {"step": 5}, keep_last=2)
+    assert refused.value.filename == str(tmp_path / "checkpoints")
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "save", _cannot_open)  # a folder that takes files: the disk
+    with pytest.raises(TrainingError, match="the disk is probably full"):
+        save_checkpoint(tmp_path, {"step": 5}, keep_last=2)
+
+
+def _cannot_open(state, path):
+    raise RuntimeError(f"File {path} cannot be opened.")
+
+
+def _raise(error):
+    raise error
+
+
 def _leaves(cfg, prefix=""):
     """(key, value) for every setting of a configuration, nested keys with their dots."""
     for f in dataclasses.fields(cfg):

@@ -201,10 +201,14 @@ def test_files_in_and_out_and_an_nbest_list(checkpoint, tmp_path):
         (("--input", "/no/such/file"), "--input /no/such/file: no such file"),
         (("--output", "{tmp}/a-file/out.txt"), "is a file, not a folder"),
         (("--output", "{tmp}"), "is a folder; give the file to write"),
+        (("--input", "{tmp}"), "is a folder; give the file of sentences"),
+        (("--input", "{tmp}/a-file", "--output", "{tmp}/../{name}/a-file"), "is the --input file"),
     ],
 )
 def test_bad_files_devices_and_lists_are_refused(checkpoint, tmp_path, flags, said):
     (tmp_path / "a-file").write_text("a file where a folder should be")
-    r = cli("--checkpoint", checkpoint[-1], *(f.format(tmp=tmp_path) for f in flags))
+    r = cli("--checkpoint", checkpoint[-1], *(f.format(tmp=tmp_path, name=tmp_path.name)
+                                              for f in flags))  # fmt: skip
     message = r.stderr.decode()
     assert r.returncode == 2 and said in message and "Traceback" not in message, message
+    assert (tmp_path / "a-file").read_text() == "a file where a folder should be"  # kept

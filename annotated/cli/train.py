@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_command(lambda: print(_config_text(args), end=""), Epilogue("nothing was done"))
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         ap.error(f"--plot {args.plot} needs matplotlib: pip install matplotlib, or leave it out")
+    if args.plot and Path(args.plot).is_dir():  # found now, not after the training
+        ap.error(f"--plot {args.plot} is a folder; give the PNG file to write")
     if args.out is None or not args.out.strip():
         ap.error("--out must name a folder (an empty name would train into the current one)")
     kept = f"the checkpoints already in {args.out} are intact"

@@ -81,10 +81,16 @@ def _translate_all(args) -> None:
                 f"writes their translations to standard output; {how}."
             )
     if args.input is not None and not args.input.is_file():
-        raise DataError(f"--input {args.input}: no such file; give the file of sentences.")
+        what = "is a folder" if args.input.is_dir() else "no such file"
+        raise DataError(f"--input {args.input}: {what}; give the file of sentences.")
     if args.output is not None:  # checked before the model is loaded and anything translated
         if args.output.is_dir():
             raise DataError(f"--output {args.output} is a folder; give the file to write.")
+        if args.input is not None and args.output.resolve() == args.input.resolve():
+            raise DataError(
+                f"--output {args.output} is the --input file: its sentences would be replaced by "
+                f"their translations. Give another --output."
+            )
         check_writable(args.output, "--output")
     model, tokenizer, _ = load_model(args.checkpoint, args.device)
     source = open(args.input, "rb") if args.input else sys.stdin.buffer

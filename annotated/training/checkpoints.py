@@ -30,6 +30,7 @@ import random
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -86,7 +87,8 @@ def save_checkpoint(out: Path, state: dict, keep_last: int, keep: tuple[int, ...
         with atomic_path(path) as tmp:  # all or nothing
             torch.save(state, tmp)
     except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
-        why = e.strerror if isinstance(e, OSError) else "the disk is probably full"
+        with tempfile.TemporaryFile(dir=folder):  # a folder that refuses files: its OSError
+            why = e.strerror if isinstance(e, OSError) else "the disk is probably full"
         left = checkpoint_paths(out)
         kept = f"the last checkpoint, {left[-1].name}, is intact" if left else (
             "no checkpoint of this run exists yet")  # fmt: skip
