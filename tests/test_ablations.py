@@ -29,7 +29,9 @@ def test_each_row_changes_what_its_name_says():
             assert changed(name) == {"model.h": h}  # d_k = d_v = 128 / h: constant compute
         if name.startswith("(B)"):
             assert changed(name) == {"model.d_k": int(name.split("=")[1])}
-    assert changed("(C) d_model=256") == {"model.d_model": 256, "model.d_ff": 1024}
+    # the paper kept d_ff at 2,048 in its wider and narrower rows; the base keeps its 512
+    assert changed("(C) d_model=256") == {"model.d_model": 256}
+    assert changed("(C) d_model=64") == {"model.d_model": 64}
     assert changed("(D) smoothing=0") == {"loss.label_smoothing": 0.0}
     assert changed("(D) dropout=0.2") == {"model.dropout": 0.2}
     assert changed("(E) learned positions") == {"model.learned_positions": True}

@@ -3,6 +3,7 @@ that runs out, a checkpoint that would run code, paths and devices that cannot w
 still running in the folder being evaluated, a results folder written half-way."""
 
 import errno
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,10 @@ def test_evaluate_never_writes_its_results_over_a_run_or_other_files(copy_run, t
     mixed = tmp_path / "mixed"
     mixed.mkdir()
     (mixed / "thesis.tex").write_text("mine")
+    theirs = tmp_path / "their-results"  # another run's scores
+    theirs.mkdir()
+    command_of = {"provenance": {"training_command": "python -m annotated.cli.train --out b"}}
+    (theirs / "results.json").write_text(json.dumps(command_of))
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     run_files = {p: p.stat().st_mtime_ns for p in copy_run.rglob("*") if p.is_file()}
     for results, says in [
@@ -138,6 +143,7 @@ def test_evaluate_never_writes_its_results_over_a_run_or_other_files(copy_run, t
         (other, "is a training run's folder (it has run.json)"),
         (a_file, "is a file"),
         (mixed, "holds other files and no results.json"),
+        (theirs, "holds the results of another run (trained with `python -m annotated"),
     ]:
         r = subprocess.run(
             [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(copy_run),

@@ -657,3 +657,11 @@ def test_the_launcher_ends_with_the_trainers_exit_code(tmp_path):
     )
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "unknown key" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_resuming_a_run_past_its_max_steps_trains_nothing_and_says_so(tmp_path):
+    out = tmp_path / "run"
+    tiny_copy(out, "--max-steps", "6", *sets("checkpoint_every=3"))
+    r = tiny_copy(out, "--max-steps", "4", *sets("checkpoint_every=3"), "--resume")
+    assert "done: step 6/4 (it had passed max_steps before: nothing was trained)" in r.stdout
+    assert "(last: ckpt_00000006.pt)" in r.stdout, r.stdout

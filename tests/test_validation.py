@@ -60,8 +60,22 @@ def test_each_checkpoint_is_validated_and_the_best_is_kept_and_used(data, tmp_pa
     kept = sorted(p.name for p in (out / "checkpoints").glob("ckpt_*.pt"))
     assert kept == ["ckpt_00000010.pt", "ckpt_00000030.pt"]  # keep_last=1, and the best
     evaluate = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(out), "--best"]
-    r = subprocess.run([*evaluate, "--limit", "5"], capture_output=True, text=True, timeout=300)
+    results = tmp_path / "results"  # the metrics log ends with a validation's record
+    scored = [
+        *evaluate,
+        "--limit",
+        "5",
+        "--results",
+        str(results),
+        "--plot",
+        str(tmp_path / "p.png"),
+    ]
+    r = subprocess.run(scored, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "valid (5 of 60 sentences)" in r.stdout, r.stderr[-2000:]
+    written = json.loads((results / "results.json").read_text())["training"]
+    assert written["steps"] == 30 and written["seconds"] > 0 and (tmp_path / "p.png").is_file()
+    again = subprocess.run(scored, capture_output=True, text=True, timeout=300)  # the same run
+    assert again.returncode == 0, again.stderr[-2000:]
     assert evaluate_run(out, best=True, limit=5)["checkpoints"] == ["ckpt_00000010.pt"]
     r = subprocess.run([*evaluate, "--last", "2"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "give one of them" in r.stderr

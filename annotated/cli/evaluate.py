@@ -12,6 +12,7 @@ from pathlib import Path
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
 from ..files import check_writable
 from ..training.checkpoints import checkpoint_step
+from ..training.run_folder import read_json
 from ..training.tensorboard import board_scores
 from ..training.validation import best_checkpoint
 from .epilogue import Epilogue, chosen_device, command_parser, run_command
@@ -144,6 +145,13 @@ def _check_results(ap: argparse.ArgumentParser, results: Path, run: Path) -> Non
     if where.is_dir() and any(where.iterdir()) and not (where / "results.json").exists():
         ap.error(f"--results {results} holds other files and no results.json, and the results "
                  f"replace the folder as a whole: name a new or empty folder")  # fmt: skip
+    if (where / "results.json").is_file():  # results of this run again, not of another
+        kept = read_json(where / "results.json", fix="move it away, or name another --results")
+        before = kept.get("provenance", {}).get("training_command")
+        if before != read_run(run)[0].get("command"):
+            ap.error(f"--results {results} holds the results of another run (trained with "
+                     f"`{before}`), which these would replace: name a folder of its own, such "
+                     f"as results/{run.name}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -130,7 +130,8 @@ def write_results(
 ) -> Path:
     """Write results.json, metrics.jsonl, <test>.hyp and samples.tsv for a run into out_dir."""
     out_dir, run_dir = Path(out_dir), Path(run_dir)
-    run, metrics, log = read_run(run_dir)
+    run, records, log = read_run(run_dir)
+    metrics = [m for m in records if "loss" in m]  # the steps' records, not validations (6h)
     results = {
         "provenance": {
             "training_command": run.get("command"),

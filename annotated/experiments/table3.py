@@ -53,8 +53,8 @@ VARIATIONS: dict[str, list[str]] = {
     "(B) d_k=16": ["model.d_k=16"],
     "(C) N=2": ["model.N=2"],
     "(C) N=4": ["model.N=4"],
-    "(C) d_model=64": ["model.d_model=64", "model.d_ff=256"],
-    "(C) d_model=256": ["model.d_model=256", "model.d_ff=1024"],
+    "(C) d_model=64": ["model.d_model=64"],  # d_ff stays 512, as the paper's stays 2,048
+    "(C) d_model=256": ["model.d_model=256"],
     "(C) d_ff=256": ["model.d_ff=256"],
     "(C) d_ff=1024": ["model.d_ff=1024"],
     "(D) dropout=0": ["model.dropout=0"],

@@ -269,6 +269,8 @@ def own_run_folder(out: Path, rank: int, world: int, device):
 # %% ../../notebooks/06h_the_loop.ipynb #c015e3
 def run_summary(out, cfg, step, seconds, loss, run_tokens, last_path, world, rank) -> dict:
     """What `train` returns, and the line the first process prints at the end."""
+    kept = checkpoint_paths(out)
+    last_path = last_path or (kept[-1] if kept else None)  # a run resumed past its end wrote none
     summary = {
         "steps": step,
         "seconds": seconds,
@@ -279,6 +281,8 @@ def run_summary(out, cfg, step, seconds, loss, run_tokens, last_path, world, ran
     }
     if rank == 0:
         limit = f" (time limit: {cfg.max_minutes:g} min)" if step < cfg.max_steps else ""
+        if step > cfg.max_steps:
+            limit = " (it had passed max_steps before: nothing was trained)"
         print(
             f"done: step {step}/{cfg.max_steps}{limit} in {seconds:.1f} s "
             f"({summary['target_tokens_per_s']:,.0f} target tokens/s). "
