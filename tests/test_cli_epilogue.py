@@ -213,3 +213,24 @@ def test_every_command_says_its_version(capsys):
     assert (
         said.startswith(f"python -m annotated.cli.launch {version} ") and torch.__version__ in said
     )
+
+
+def test_ctrl_c_while_a_command_imports_pytorch_ends_it_without_a_traceback(tmp_path):
+    """`python -m annotated.cli.NAME` spends its first second or two importing PyTorch, before
+    run_command is there to catch Ctrl-C: the command lines' package, imported first, makes it
+    end quietly too. The signal comes while torch's library is being loaded."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "annotated.cli.train", "--config", "copy", "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while "libtorch" not in open(f"/proc/{proc.pid}/maps").read() and time.time() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert "interrupted as it started; nothing was done." in err or "interrupted:" in err, err
+    assert not any(tmp_path.iterdir())  # nothing was written

@@ -32,6 +32,7 @@ import torch.distributed as dist
 import annotated
 
 from ..errors import ExpectedError, Preempted, out_of_memory
+from . import ready
 
 EXPECTED = 2  # an error the reader can fix, as argparse exits for a bad command line
 INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a program that Ctrl-C stopped
@@ -106,6 +107,7 @@ def run_command(body: Callable[[], int | None], end: Epilogue) -> int:
     """Run a command's work and end it as every command line ends: 0 when the work is done,
     otherwise one paragraph on standard error and the code for how it stopped. Started by
     `cli.launch` (appendix A4), the process also leaves its code where the launcher reads it."""
+    ready()  # Ctrl-C is a KeyboardInterrupt from here on, ended below
     code = _ended(body, end)
     if folder := os.environ.get(EXIT_CODES):
         try:

@@ -19,12 +19,14 @@ from torch.distributed.run import main as torchrun
 import annotated
 
 from ..errors import Preempted
+from . import ready
 from .epilogue import EXIT_CODES
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun with `argv` (its options, then the command) and return the exit code of
     the processes it started rather than its own."""
+    ready()  # torchrun's own handlers take Ctrl-C from here on
     sys.argv[0] = "python -m annotated.cli.launch"  # the name torchrun's --help shows
     if (sys.argv[1:] if argv is None else argv)[:1] == ["--version"]:  # torchrun has none
         print(f"{sys.argv[0]} {annotated.__version__} (torchrun of PyTorch {torch.__version__})")
