@@ -53,11 +53,22 @@ def test_yaml_round_trip_and_overrides_after_the_file(tmp_path):
     assert yaml_again == path.read_text()  # a YAML file is printed back as YAML
 
 
+def test_a_hand_written_yaml_file_may_write_numbers_as_people_do(tmp_path):
+    """PyYAML reads YAML 1.1, where 1e-9 without a dot is text: a float setting takes it."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("task: copy\noptim:\n  adam_eps: 1e-9\n  lr_factor: 2\n  warmup: 10\n")
+    cfg = build_config(str(path))
+    assert cfg.optim.adam_eps == 1e-9 and cfg.optim.lr_factor == 2.0 and cfg.optim.warmup == 10
+    path.write_text("task: copy\noptim:\n  adam_eps: tiny\n")
+    with pytest.raises(ConfigError, match="optim.adam_eps is 'tiny', but it takes a float"):
+        build_config(str(path))
+
+
 @pytest.mark.parametrize(
     "content, said",
     [
         ('{"task": "copy", "model": {"layers": 2}}', "model.layers is not a setting"),
-        ('{"task": "copy", "model": {"N": "six"}}', "model.N is 'six', but it takes a int"),
+        ('{"task": "copy", "model": {"N": "six"}}', "model.N is 'six', but it takes an int"),
         ('{"task": "copy", "fast": 1}', "fast is 1, but it takes a bool"),
         ('{"task": "copy", "modle": {}}', "modle is not a setting"),
         ('{"model": {"N": 2}}', "no task"),

@@ -6,6 +6,7 @@ __all__ = ["config_from_file", "config_text"]
 # %% ../../notebooks/A3_command_lines.ipynb #cli-config-files
 # A run's configuration as a JSON or YAML file: read by --config FILE, written by --print-config.
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 from ..errors import ConfigError
 from .config import TrainConfig, built, parse_overrides, put_setting, settings_of
 from .registry import TASKS
+
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def config_from_file(path, overrides=()) -> TrainConfig:
@@ -34,10 +37,13 @@ def config_from_file(path, overrides=()) -> TrainConfig:
         if key not in settings:
             raise ConfigError(f"{path}: {key} is not a setting; the settings are: "
                               f"{', '.join(settings)}.")  # fmt: skip
+        if isinstance(default, float) and isinstance(value, str) and _NUMBER.fullmatch(value):
+            value = float(value)  # YAML 1.1, PyYAML's, reads 1e-9 (no dot) as text
         if not _fits(value, default):
+            kind = type(default).__name__
             raise ConfigError(
-                f"{path}: {key} is {value!r}, but it takes a {type(default).__name__} (such as "
-                f"its default, {default!r}). Correct it in the file."
+                f"{path}: {key} is {value!r}, but it takes a{'n' * (kind[0] in 'aeiou')} {kind} "
+                f"(such as its default, {default!r}). Correct it in the file."
             )
         settings[key] = float(value) if isinstance(default, float) else value
     for key, value in parse_overrides(settings, overrides):
