@@ -59,8 +59,23 @@ def test_a_damaged_checkpoint_gets_one_message_from_every_reader(two_runs, tmp_p
         average_checkpoints([folder / checkpoint_name(1), newest])
     assert str(read.value) == str(averaged.value)
     assert str(read.value).startswith(f"checkpoint {newest} cannot be read: ")
-    assert str(read.value).endswith(
-        "; move it out of its folder, then resume from ckpt_00000001.pt, or average without it."
+    assert str(read.value) == (
+        f"checkpoint {newest} cannot be read: it is cut short or damaged, as an interrupted copy "
+        f"or save leaves a file; move it aside: the newest other checkpoint of its run, "
+        f"ckpt_00000001.pt, is the one --resume and averaging then use."
+    )
+    for damage, said in [
+        (b"", "it is empty, as a copy or a save that never finished leaves a file"),
+        (bytes(range(256)) * 4, "it is not a PyTorch checkpoint"),
+    ]:
+        newest.write_bytes(damage)
+        with pytest.raises(TrainingError, match=said):
+            load_checkpoint(newest)
+    with pytest.raises(TrainingError) as folder_given:
+        load_checkpoint(folder)
+    assert str(folder_given.value).endswith(
+        "it is a folder, not a checkpoint file; name a checkpoint file in it, such as "
+        "ckpt_00000002.pt."
     )
 
 

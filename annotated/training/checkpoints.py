@@ -114,13 +114,21 @@ def unreadable(path: Path, error: Exception) -> str:
             "it no longer exists; a trainer still running in its folder deletes its oldest "
             "checkpoints as it writes new ones"
         )
-    if isinstance(error, pickle.UnpicklingError) and "Weights only" in str(error):
-        calls = re.search(r"GLOBAL (\S+)", str(error))
+    if path.is_dir():
+        return "it is a folder, not a checkpoint file"
+    calls = re.search(r"GLOBAL (\S+)", str(error))
+    if isinstance(error, pickle.UnpicklingError) and calls:
         return (
-            f"it holds Python objects that would run code when loaded ("
-            f"{calls.group(1) if calls else 'an object'}), not only tensors and numbers, so "
-            f"it was not loaded; use only checkpoints whose origin you trust"
+            f"it holds Python objects that would run code when loaded ({calls.group(1)}), not "
+            f"only tensors and numbers, so it was not loaded; use only checkpoints whose origin "
+            f"you trust"
         )
+    if path.is_file() and path.stat().st_size == 0:
+        return "it is empty, as a copy or a save that never finished leaves a file"
+    if "zip archive" in str(error):  # torch's reader: a checkpoint's zip is cut short
+        return "it is cut short or damaged, as an interrupted copy or save leaves a file"
+    if isinstance(error, pickle.UnpicklingError):
+        return "it is not a PyTorch checkpoint (neither a zip of tensors nor a pickle)"
     return f"{type(error).__name__}: {str(error)[:200]}"
 
 
@@ -131,11 +139,15 @@ def load_checkpoint(path: Path, keys: tuple[str, ...] = CHECKPOINT_KEYS) -> dict
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a checkpoint, or from an incompatible version
-        others = [p.name for p in checkpoint_paths(path.parent.parent) if p != path]
+        run = path.parent if path.is_dir() else path.parent.parent  # checkpoints/ or a file's
+        others = [p.name for p in checkpoint_paths(run) if p != path]
         hint = (
-            f"move it out of its folder, then resume from {others[-1]}, or average without it"
+            f"name a checkpoint file in it, such as {others[-1]}"
+            if path.is_dir() and others
+            else f"move it aside: the newest other checkpoint of its run, {others[-1]}, is the "
+            f"one --resume and averaging then use"
             if others
-            else "no other checkpoint is in its folder: average without it, or start a new run"
+            else "no other checkpoint is beside it: give another, or start a new run"
         )
         raise TrainingError(
             f"checkpoint {path} cannot be read: {unreadable(path, e)}; {hint}."
