@@ -120,17 +120,15 @@ class ModelConfig:
     def __post_init__(self) -> None:  # values that cannot build a model are refused at once
         refuse_broken(
             [
-                (
-                    min(self.N, self.d_model, self.d_ff) >= 1,
-                    "model.N, model.d_model, model.d_ff",
-                    "each must be at least 1",
-                ),
+                *[
+                    (getattr(self, k) >= 1, f"model.{k}", "must be at least 1")
+                    for k in ("N", "d_model", "d_ff")
+                ],
                 (self.d_k >= 0, "model.d_k", "must be 0 (d_model / h) or a positive size"),
-                (
-                    all(0 <= p < 1 for p in (self.dropout, self.attn_dropout, self.ffn_dropout)),
-                    "model.dropout, model.attn_dropout, model.ffn_dropout",
-                    "dropout rates must lie in [0, 1)",
-                ),
+                *[
+                    (0 <= getattr(self, k) < 1, f"model.{k}", "a dropout rate, must lie in [0, 1)")
+                    for k in ("dropout", "attn_dropout", "ffn_dropout")
+                ],
                 (
                     self.max_len >= 3,
                     "model.max_len",

@@ -73,6 +73,23 @@ def test_each_way_of_stopping_early_has_its_code_and_one_paragraph(capsys, error
     assert got == code and says in err, (got, err)
 
 
+def test_a_file_where_a_folder_is_needed_is_named(capsys, tmp_path):
+    """--out runs/x where runs is a file: the file is what the message names, not the rights."""
+    (tmp_path / "runs").write_text("a file")
+    for error in (
+        NotADirectoryError(errno.ENOTDIR, "Not a directory", str(tmp_path / "runs" / "x")),
+        FileExistsError(errno.EEXIST, "File exists", str(tmp_path / "runs")),
+    ):
+        got, err = ended(capsys, raising(error))
+        assert (
+            got == 2
+            and f"{tmp_path / 'runs'} is a file, where a folder is needed. Move the "
+            "file, or choose another folder (--out for the run), then run the same command "
+            "again."
+            in err
+        ), err
+
+
 def test_a_bug_keeps_its_traceback(capsys):
     for bug in (ZeroDivisionError("a bug"), RuntimeError("a bug"), ValueError("a bug")):
         with pytest.raises(type(bug), match="a bug"):

@@ -176,7 +176,9 @@ def test_config_dataclass_round_trips():
     [
         (dict(d_model=500, h=8), "model.h: d_model=500 is not divisible by h=8"),
         (dict(d_model=30, h=2, learned_positions=False), None),
-        (dict(N=0), "model.N, model.d_model, model.d_ff: each must be at least 1"),
+        (dict(N=0), "model.N: must be at least 1. Change it with --set model.N=VALUE"),
+        (dict(d_ff=0), "model.d_ff: must be at least 1. Change it with --set model.d_ff=VALUE"),
+        (dict(ffn_dropout=1.0), "model.ffn_dropout: a dropout rate, must lie in"),
     ],
 )
 def test_bad_configurations(kwargs, fragment):

@@ -196,10 +196,15 @@ def _memory_bytes() -> int:
 def _cannot_write(e: OSError, end: Epilogue) -> str:
     """The file (or where the command writes, when the error names none), the system's words,
     what is intact, and the remedy the error number calls for."""
+    folders = f" ({end.folders})" if end.folders else ""
+    path = Path(e.filename or ".")  # a file where the path needs a folder, itself or above it
+    file = next((p for p in (path, *path.parents) if p.is_file()), None)
     if e.errno in _FULL:
         rest = f"free some space, then {end.again}"
+    elif e.errno in (errno.EEXIST, errno.ENOTDIR) and file:
+        said = f"could not write {path}: {file} is a file, where a folder is needed"
+        return f"{said}. Move the file, or choose another folder{folders}, then {end.again}."
     elif e.errno in _BLOCKED:
-        folders = f" ({end.folders})" if end.folders else ""
         rest = f"make that folder writable, or choose another{folders}, then {end.again}"
     else:
         rest = end.again

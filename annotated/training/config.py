@@ -157,11 +157,10 @@ class TrainConfig(Checked):
             (self.checkpoint_minutes, "checkpoint_minutes", "off"),
         ]
         return [
-            (
-                min(self.log_every, self.keep_last, self.max_steps) >= 1,
-                "log_every, keep_last, max_steps",
-                "each must be at least 1",
-            ),
+            *[
+                (getattr(self, k) >= 1, k, "must be at least 1")
+                for k in ("log_every", "keep_last", "max_steps")
+            ],
             (self.precision in PRECISIONS, "precision", "must be auto, fp32, bf16 or fp16"),
             (self.checkpoint_every >= 0, "checkpoint_every", "must be 0 (only at the end) or more"),
             (0 <= self.seed < 2**63, "seed", "must be a whole number from 0 to 2**63 - 1"),
