@@ -665,3 +665,17 @@ def test_resuming_a_run_past_its_max_steps_trains_nothing_and_says_so(tmp_path):
     r = tiny_copy(out, "--max-steps", "4", *sets("checkpoint_every=3"), "--resume")
     assert "done: step 6/4 (it had passed max_steps before: nothing was trained)" in r.stdout
     assert "(last: ckpt_00000006.pt)" in r.stdout, r.stdout
+
+
+def test_a_run_that_fails_as_it_starts_leaves_no_folder_behind(tmp_path):
+    """The folder a failed start made (only the trainer's lock inside) is removed again; a
+    folder that was there before is left as it was."""
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("notes")
+    args = ["--config", "parallel", *sets(f"data.path={a_file}"), "--max-steps", "2"]
+    r = run_trainer(*args, "--out", str(tmp_path / "run"), check=False)
+    assert r.returncode == 2 and "is a file; give the folder that prepare wrote" in r.stderr
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "mine").mkdir()
+    run_trainer(*args, "--out", str(tmp_path / "mine"), check=False)
+    assert (tmp_path / "mine").is_dir()

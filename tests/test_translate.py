@@ -212,3 +212,24 @@ def test_bad_files_devices_and_lists_are_refused(checkpoint, tmp_path, flags, sa
     message = r.stderr.decode()
     assert r.returncode == 2 and said in message and "Traceback" not in message, message
     assert (tmp_path / "a-file").read_text() == "a file where a folder should be"  # kept
+
+
+def test_a_reader_that_stops_reading_ends_translate_as_it_ends_any_writer(checkpoint):
+    """`... | translate | head -1`: from a pipe, translations come in chunks of at most 1,000
+    lines, so the first arrive soon even when the input never ends; when the reader goes away,
+    translate ends with 141 (128 + SIGPIPE), as `yes` does, and no error message."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "annotated.cli.translate", "--checkpoint", str(checkpoint[-1]),
+         "--beam", "1", "--device", "cpu"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    proc.stdin.write(b"3 4\n" * 2_500)  # more than one chunk, and the pipe stays open
+    proc.stdin.flush()
+    assert select.select([proc.stdout], [], [], 240)[0], "no translation came"
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves
+    try:
+        err = proc.communicate(timeout=240)[1].decode()
+    finally:
+        proc.kill()
+    assert proc.returncode == 141 and "error" not in err and "Traceback" not in err, err[-2000:]

@@ -5,6 +5,7 @@ __all__ = [
     "EXPECTED",
     "INTERRUPTED",
     "TERMINATED",
+    "PIPE_CLOSED",
     "EXIT_CODES",
     "Terminated",
     "command_parser",
@@ -37,6 +38,7 @@ from . import ready
 EXPECTED = 2  # an error the reader can fix, as argparse exits for a bad command line
 INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a program that Ctrl-C stopped
 TERMINATED = 143  # 128 + SIGTERM: a command that does not save and stop, ended by `kill`
+PIPE_CLOSED = 141  # 128 + SIGPIPE: the reader of its output went away, as `| head` does
 EXIT_CODES = "ANNOTATED_EXIT_CODES"  # a folder for the codes of a launched run's processes
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a disk, a quota, a file-size limit
 _BLOCKED = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST)
@@ -141,6 +143,9 @@ def _ended(body: Callable[[], int | None], end: Epilogue) -> int:
         rest = _then(end.kept, f"find the cause in that process's output, then {end.again}")
         said = f"another process of this run stopped ({_first(e)})"
         return _say("error", f"{said}. {rest}.", EXPECTED)
+    except BrokenPipeError:  # its reader left (| head): it ends as a pipe's writer ends
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return PIPE_CLOSED
     except OSError as e:  # a full disk, a folder that cannot be written
         return _say("error", _cannot_write(e, end), EXPECTED)
     finally:

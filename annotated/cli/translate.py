@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import select
+import stat
 import sys
 from pathlib import Path
 
@@ -124,34 +125,38 @@ def _rows(first: int, translated: list) -> list[str]:
     ]
 
 
-def _arriving(stream, most: int = 100_000):
+def _arriving(stream):
     """(number of the first line, lines) for the lines of a binary stream as they arrive: all
-    that are already there, up to `most`. A file is thus one large batch, as before streaming
-    existed, and each line a person types is translated when it is entered."""
+    that are already there, up to 100,000 from a file and 1,000 from a pipe. A file is thus one
+    large batch, as before streaming existed; a pipe that never ends (`yes | ...`) still sees
+    its first translations soon; and each line a person types is translated when entered."""
     try:
         fd = stream.fileno()
     except (AttributeError, OSError, ValueError):  # not a file (a test's buffer): read it all
         yield 1, list(stream)
         return
+    most = 100_000 if stat.S_ISREG(os.fstat(fd).st_mode) else 1_000
     first, pending = 1, b""
     lines: list[bytes] = []
     while True:
         if lines and (len(lines) >= most or not select.select([fd], [], [], 0)[0]):
-            yield first, lines  # nothing more is waiting: translate what came
-            first, lines = first + len(lines), []
+            yield first, lines[:most]  # nothing more is waiting: translate what came
+            first, lines = first + len(lines[:most]), lines[most:]
             continue
         data = os.read(fd, 1 << 16)
         if not data:
             break
         *complete, pending = (pending + data).split(b"\n")
         lines += complete
-    if lines or pending:
-        yield first, lines + ([pending] if pending else [])
+    lines += [pending] if pending else []
+    for start in range(0, len(lines), most):
+        yield first + start, lines[start : start + most]
 
 
 def write_out(lines: list[str]) -> None:
-    """Write translations to standard output at once. A full disk or a closed pipe raises its
-    OSError, which the epilogue reports: never an exit code 0 with part of the file."""
+    """Write translations to standard output at once. A full disk raises its OSError, which
+    the epilogue reports, and a closed pipe ends the command with 141 as it ends any writer:
+    never an exit code 0 with part of the file."""
     try:
         sys.stdout.write("".join(lines))
         sys.stdout.flush()

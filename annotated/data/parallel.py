@@ -196,6 +196,10 @@ def load_prepared(folder) -> Prepared:
     try:
         m = json.loads((folder / MANIFEST).read_text())
         assert m["format"] == FORMAT
+    except NotADirectoryError:
+        raise DataError(
+            f"{folder} is a file; give the folder that prepare wrote (--set data.path=FOLDER)."
+        ) from None
     except FileNotFoundError:
         raise DataError(
             f"{folder} holds no {MANIFEST}, so it is not a folder that prepare wrote: run "

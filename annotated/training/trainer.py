@@ -235,6 +235,7 @@ def train(
     refuse_broken([(init, "init", "must name a checkpoint file")])
     rank, world, device = setup_distributed()
     out = Path(out_dir)
+    new = not out.exists()
     lock = own_run_folder(out, rank, world, device)  # one trainer per folder
     try:
         with StopRequests() as stop:  # SIGTERM: finish the step, save it, stop
@@ -246,6 +247,10 @@ def train(
     finally:  # however the run ends, the folder is free again
         if lock:
             lock.close()
+            held = out / "trainer.lock"  # lock_out_dir's file (appendix A1)
+            if new and list(out.iterdir()) == [held]:  # a start that failed leaves no folder
+                held.unlink()
+                out.rmdir()
 
 
 # %% ../../notebooks/06h_the_loop.ipynb #c015e2
