@@ -151,6 +151,13 @@ def test_the_command_line_prepares_a_tsv_and_refuses_what_is_wrong(tmp_path, cap
     with pytest.raises(SystemExit) as stop:
         prepare.main(["--src", str(tsv), "--out", str(tmp_path / "x")])
     assert stop.value.code == 2 and "--tgt beside --src" in capsys.readouterr().err
+    for extra, said in [
+        (["--tgt", str(tsv)], "a --tsv file holds both sides"),
+        (["--set", "foo=1"], "--set changes a named configuration (--config)"),
+    ]:  # options this way of preparing would ignore are refused, not ignored
+        with pytest.raises(SystemExit) as stop:
+            prepare.main([*args, *extra])
+        assert stop.value.code == 2 and said in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

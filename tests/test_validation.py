@@ -120,6 +120,11 @@ def test_a_task_or_folder_without_a_validation_set_is_a_message(data, tmp_path):
     r = run_trainer("--config", "parallel", *sets(f"data.path={data / 'no-valid'}"), *TINY,
                     *STEPS, "--out", str(tmp_path / "own"), check=False)  # fmt: skip
     assert r.returncode == 2 and "--valid SRC,REF" in r.stderr and "Traceback" not in r.stderr
+    run_trainer("--config", "parallel", *sets(f"data.path={data / 'no-valid'}", "max_steps=2"),
+                *TINY, "--out", str(tmp_path / "own2"))  # fmt: skip
+    evaluate = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path / "own2")]
+    r = subprocess.run(evaluate, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "was prepared without --valid or --test" in r.stderr, r.stderr
     r = run_trainer("--config", "copy", *sets("patience=3"), "--out", str(tmp_path / "p"),
                     check=False)  # fmt: skip
     assert r.returncode == 2 and "patience" in r.stderr

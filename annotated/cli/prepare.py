@@ -106,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.config is None and (args.out is None or (args.src and args.tgt is None)):
         ap.error("a corpus of your own needs --out, and --tgt beside --src")
+    if args.tsv and args.tgt:
+        ap.error(f"--tgt {args.tgt}: a --tsv file holds both sides; give --tgt with --src only")
+    if args.config is None and args.set:
+        ap.error("--set changes a named configuration (--config); a corpus of your own takes "
+                 "--vocab, --langs, --valid, --test and --tokenizer")  # fmt: skip
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         ap.error(f"--out {args.out} is a file; give a folder to prepare the corpus into")
     kept, again = "every step already finished is kept", "run the same command again to continue"

@@ -83,10 +83,13 @@ def evaluate_run(
     model, tokenizer, cfg, paths = _load_kept(run_dir, last, device, best)
     test_sets = TASKS[cfg.task].test_sets(cfg)
     if not test_sets:
-        raise TrainingError(
-            f"{run_dir}: task {cfg.task!r} has no test sets, so there is nothing to translate "
-            f"and score; evaluate a run of a task that has them (multi30k, wmt14, parallel)."
+        fix = (
+            f"its data folder {cfg.data.path} was prepared without --valid or --test; prepare "
+            f"them into it (chapter 13)"
+            if cfg.task == "parallel"
+            else "evaluate a run of a task that has them (multi30k, wmt14, parallel)"
         )
+        raise TrainingError(f"{run_dir}: task {cfg.task!r} has no test sets to score: {fix}.")
     report: dict[str, Any] = {
         "checkpoints": [p.name for p in paths],
         "beam_size": beam_size,
