@@ -76,6 +76,15 @@ def test_bad_settings_are_refused_with_a_message(tmp_path, args, says):
     assert not (tmp_path / "s").exists()
 
 
+def test_a_file_given_for_a_folder_is_refused_before_any_row_trains(tmp_path):
+    (tmp_path / "notes").write_text("mine")
+    for flag in ("--runs", "--results"):
+        folders = {"--runs": tmp_path / "r", "--results": tmp_path / "s", flag: tmp_path / "notes"}
+        r = ablate(*[x for item in folders.items() for x in item])
+        assert r.returncode == 2 and f"{flag} {tmp_path / 'notes'} is a file" in r.stderr
+        assert not (tmp_path / "r").exists() and (tmp_path / "notes").read_text() == "mine"
+
+
 def test_a_row_stopped_half_way_continues_from_its_checkpoint(tmp_path):
     """An interrupted sweep leaves a row's folder with checkpoints and no result; the same
     command then resumes that row instead of refusing its folder."""

@@ -7,6 +7,7 @@ __all__ = ["main"]
 # `python -m annotated.cli.ablate`: train and score the rows of Table 3 on Multi30k (chapter 9d).
 import re
 import sys
+from pathlib import Path
 
 from ..experiments.table3 import GRIDS, run_variation
 from .epilogue import Epilogue, command_parser, run_command
@@ -43,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     if not part or int(part[1]) > int(part[2]):
         ap.error(f"--part {args.part}: give K/N with 1 <= K <= N, e.g. 2/2 for the second of two")
     args.rows = GRIDS[args.grid][int(part[1]) - 1 :: int(part[2])]
+    for flag, folder in (("--runs", args.runs), ("--results", args.results)):
+        if Path(folder).exists() and not Path(folder).is_dir():  # found now, not after a row
+            ap.error(f"{flag} {folder} is a file; give a folder")
     kept = "the rows already scored are kept in --results, and a row stopped half-way resumes "
     kept += "from its last checkpoint"
     again = "run the same command again to continue"
