@@ -79,34 +79,10 @@ SUBPACKAGES = {  # folder -> docstring of its generated __init__.py
     "deploy": "A trained model for CTranslate2, ONNX Runtime and Hugging Face transformers.",
 }
 
-# Code a generated __init__.py carries besides its docstring. The command lines' package is
-# imported first when `python -m annotated.cli.NAME` starts, before the command's own module
-# imports PyTorch (a second or two): Ctrl-C in that time ends it as Ctrl-C ends it later, with
-# 130 and a sentence, not a traceback. `run_command` (appendix A3) calls `ready()`.
-SUBPACKAGE_CODE = {
-    "cli": '''
-import os
-import signal
-import sys
-
-__all__ = ["ready"]
-
-
-def _interrupted(signum, frame) -> None:
-    print("interrupted as it started; nothing was done.", file=sys.stderr, flush=True)
-    os._exit(130)
-
-
-if sys.argv[:1] == ["-m"]:  # python -m annotated.cli.NAME, while Python imports it
-    signal.signal(signal.SIGINT, _interrupted)
-
-
-def ready() -> None:
-    """The command is ready for Ctrl-C (KeyboardInterrupt) again: undo the handler above."""
-    if signal.getsignal(signal.SIGINT) is _interrupted:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-''',
-}
+# Code a generated __init__.py carries besides its docstring. The command lines' package imports
+# `cli.starting` (appendix A3) first, so that Ctrl-C while a command imports PyTorch ends it with
+# 130 and a sentence, not a traceback.
+SUBPACKAGE_CODE = {"cli": '\nfrom .starting import ready\n\n__all__ = ["ready"]\n'}
 
 
 def notebooks(root: Path) -> list[Path]:

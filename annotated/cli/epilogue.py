@@ -33,7 +33,7 @@ import torch.distributed as dist
 import annotated
 
 from ..errors import ExpectedError, Preempted, out_of_memory
-from . import ready
+from .starting import ready
 
 EXPECTED = 2  # an error the reader can fix, as argparse exits for a bad command line
 INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a program that Ctrl-C stopped

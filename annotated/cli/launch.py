@@ -19,8 +19,8 @@ from torch.distributed.run import main as torchrun
 import annotated
 
 from ..errors import Preempted
-from . import ready
 from .epilogue import EXIT_CODES
+from .starting import ready
 
 
 def main(argv: list[str] | None = None) -> int:
