@@ -2,6 +2,7 @@
 
 # %% auto #0
 __all__ = [
+    "LOCK_FILE",
     "atomic_path",
     "write_text_atomic",
     "check_writable",
@@ -188,11 +189,14 @@ def hold_lock(path) -> Iterator[None]:
         yield
 
 
+LOCK_FILE = "trainer.lock"  # the file of a run folder that its trainer locks
+
+
 def lock_out_dir(out: Path):
     """Hold an exclusive lock on out/trainer.lock while this process lives: one trainer a folder.
     The operating system releases it when the process ends, however it ends."""
     out.mkdir(parents=True, exist_ok=True)
-    handle = open_in_place(out / "trainer.lock", "a+")
+    handle = open_in_place(out / LOCK_FILE, "a+")
     if not _try_lock(handle.fileno()):
         handle.seek(0)
         owner = handle.read().strip() or "another process"
@@ -210,7 +214,7 @@ def lock_out_dir(out: Path):
 def lock_holder(out: Path) -> str | None:
     """Who holds out/trainer.lock ("pid N"), or None when no trainer is running there. Only
     reads: the lock file is neither created nor changed."""
-    path = out / "trainer.lock"
+    path = out / LOCK_FILE
     if path.is_symlink():
         return None  # a link there: no trainer of ours
     try:

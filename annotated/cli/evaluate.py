@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
-from ..files import check_writable
+from ..files import LOCK_FILE, check_writable
 from ..training.checkpoints import checkpoint_step
 from ..training.run_folder import read_json
 from ..training.tensorboard import board_scores
@@ -113,8 +113,8 @@ def _check_first(ap: argparse.ArgumentParser, args) -> None:
     if not args.run.strip() or not all(p is None or p.strip() for p in (args.results, args.plot)):
         ap.error("--run, --results and --plot must name a folder or a file, not an empty string")
     if args.results:
-        read_run(args.run)  # fail now, not after decoding every test set
-        _check_results(ap, Path(args.results), Path(args.run))
+        run = read_run(args.run)[0]  # fail now, not after decoding every test set
+        _check_results(ap, Path(args.results), Path(args.run), run.get("command"))
         check_writable(Path(args.results).resolve(), "--results")
     if args.plot and Path(args.plot).is_dir():
         ap.error(f"--plot {args.plot} is a folder; give the PNG file to write")
@@ -129,7 +129,7 @@ def _check_first(ap: argparse.ArgumentParser, args) -> None:
         ap.error(f"--plot {args.plot} needs matplotlib: pip install matplotlib, or leave it out")
 
 
-def _check_results(ap: argparse.ArgumentParser, results: Path, run: Path) -> None:
+def _check_results(ap: argparse.ArgumentParser, results: Path, run: Path, command) -> None:
     """The results folder is replaced as a whole: never a run's folder, one holding the run,
     or a folder of other files."""
     where, run = results.resolve(), run.resolve()
@@ -138,7 +138,7 @@ def _check_results(ap: argparse.ArgumentParser, results: Path, run: Path) -> Non
     if where == run or where in run.parents:
         ap.error(f"--results {results} holds the run {run}, and the results replace it as a "
                  f"whole: name a folder of its own, such as results/{run.name}")  # fmt: skip
-    marks = [m for m in ("run.json", "checkpoints", "trainer.lock") if (where / m).exists()]
+    marks = [m for m in ("run.json", "checkpoints", LOCK_FILE) if (where / m).exists()]
     if marks:
         ap.error(f"--results {results} is a training run's folder (it has {marks[0]}); the "
                  f"results would replace it: name a folder of its own")  # fmt: skip
@@ -148,7 +148,7 @@ def _check_results(ap: argparse.ArgumentParser, results: Path, run: Path) -> Non
     if (where / "results.json").is_file():  # results of this run again, not of another
         kept = read_json(where / "results.json", fix="move it away, or name another --results")
         before = kept.get("provenance", {}).get("training_command")
-        if before != read_run(run)[0].get("command"):
+        if before != command:
             ap.error(f"--results {results} holds the results of another run (trained with "
                      f"`{before}`), which these would replace: name a folder of its own, such "
                      f"as results/{run.name}")  # fmt: skip

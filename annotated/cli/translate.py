@@ -140,8 +140,9 @@ def _arriving(stream):
     lines: list[bytes] = []
     while True:
         if lines and (len(lines) >= most or not select.select([fd], [], [], 0)[0]):
-            yield first, lines[:most]  # nothing more is waiting: translate what came
-            first, lines = first + len(lines[:most]), lines[most:]
+            chunk, lines = lines[:most], lines[most:]
+            yield first, chunk  # nothing more is waiting: translate what came
+            first += len(chunk)
             continue
         data = os.read(fd, 1 << 16)
         if not data:

@@ -22,7 +22,7 @@ from ..files import atomic_path, lock_holder
 from ..training.checkpoints import checkpoint_paths, checkpoint_step
 from ..training.provenance import git_commit
 from ..training.registry import TASKS
-from ..training.run_folder import read_json, read_metrics
+from ..training.run_folder import read_json, read_metrics, step_records
 from ..training.validation import best_checkpoint
 from .translation import load_model, translate
 
@@ -134,7 +134,7 @@ def write_results(
     """Write results.json, metrics.jsonl, <test>.hyp and samples.tsv for a run into out_dir."""
     out_dir, run_dir = Path(out_dir), Path(run_dir)
     run, records, log = read_run(run_dir)
-    metrics = [m for m in records if "loss" in m]  # the steps' records, not validations (6h)
+    metrics = step_records(records)
     results = {
         "provenance": {
             "training_command": run.get("command"),

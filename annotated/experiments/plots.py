@@ -11,6 +11,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..files import atomic_path
+from ..training.run_folder import step_records
 
 
 def run_figure(
@@ -23,7 +24,7 @@ def run_figure(
     """Four panels sharing the step axis: loss, learning rate and target tokens per second from
     the metrics records; sacreBLEU of each checkpoint alone (`bleu`, by step) and of their
     average (`averaged`, a dashed line)."""
-    metrics = [m for m in metrics if "loss" in m]  # the steps' records, not validations (6h)
+    metrics = step_records(metrics)
     fig = Figure(figsize=(10, 6.5), layout="constrained")
     axes = fig.subplots(2, 2, sharex=True).flat
     steps = [m["step"] for m in metrics]

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, TrainingError
-from .run_folder import read_metrics
+from .run_folder import read_metrics, step_records
 
 
 # %% ../../notebooks/A4_launching.ipynb #a4-torchrun
@@ -62,7 +62,7 @@ def _loss_chart(records: list[dict], title: str):
     import altair as alt  # the book's libraries: the notebook that launches has them
     import pandas as pd
 
-    steps = [r for r in records if "loss" in r]  # not the validations
+    steps = step_records(records)
     data = pd.DataFrame(steps or [{"step": 0, "loss": None}])
     return (
         alt.Chart(data, title=title)

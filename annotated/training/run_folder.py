@@ -3,6 +3,7 @@
 # %% auto #0
 __all__ = [
     "RUN_IDENTITY",
+    "step_records",
     "read_metrics",
     "read_json",
     "record_run",
@@ -36,6 +37,11 @@ from .tensorboard import board_record, open_board
 
 
 # %% ../../notebooks/06e_checkpoints.ipynb #c013c2
+def step_records(records: list[dict]) -> list[dict]:
+    """The training steps' records of a metrics log, without the validations' (chapter 6h)."""
+    return [r for r in records if "loss" in r]
+
+
 def read_metrics(path: Path) -> tuple[list[dict], str]:
     """The records of a metrics log (metrics.jsonl) and its text, without a last line cut short."""
     try:

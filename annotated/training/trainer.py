@@ -48,6 +48,7 @@ from ..batching import PAD
 from ..data.tokenizer import check_fingerprint
 from ..errors import Preempted, TrainingError, out_of_memory, refuse_broken
 from ..fast import make_fast
+from ..files import LOCK_FILE
 from ..loss import FusedLabelSmoothing, LabelSmoothing
 from ..model import make_model
 from ..precision import Precision, bf16_speedup, choose_precision
@@ -247,7 +248,7 @@ def train(
     finally:  # however the run ends, the folder is free again
         if lock:
             lock.close()
-            held = out / "trainer.lock"  # lock_out_dir's file (appendix A1)
+            held = out / LOCK_FILE
             if new and list(out.iterdir()) == [held]:  # a start that failed leaves no folder
                 held.unlink()
                 out.rmdir()
