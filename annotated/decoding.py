@@ -2,6 +2,10 @@
 
 # %% auto #0
 __all__ = [
+    "KVCache",
+    "CachedAttention",
+    "cached_class",
+    "as_classes",
     "kv_caches",
     "StepDecoder",
     "greedy_decode",
@@ -13,11 +17,14 @@ __all__ = [
 # %% ../notebooks/07_decoding.ipynb #c003
 # Decoding a trained model (paper section 6.1): one step at a time, with a cache; greedy search
 # here, beam search in chapter 7a.
+from collections.abc import Iterable
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
+from torch import Tensor, nn
 
-from .multihead import KVCache
+from .multihead import MultiHeadedAttention
 from .scaled_dot_product import subsequent_mask
 
 
@@ -33,19 +40,91 @@ def _eval_mode(model):
         model.train(was_training)
 
 
+# %% ../notebooks/07_decoding.ipynb #c018a
+@dataclass
+class KVCache:
+    """Keys and values an attention layer computed at earlier decoding steps.
+
+    grow=True (self-attention): each call appends the new positions' keys and values.
+    grow=False (encoder-decoder attention): the memory's, computed at the first call and kept.
+    """
+
+    grow: bool
+    k: torch.Tensor | None = None  # (rows, h, positions, d_k)
+    v: torch.Tensor | None = None  # (rows, h, positions, d_k)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row r continues old row rows[r]: beam search re-ranks hypotheses, and drops the rows of
+        finished sentences. A memory's keys and values follow only a drop: re-ranking moves rows
+        within a sentence, and all rows of a sentence share one memory."""
+        if self.k is None or self.v is None:
+            return
+        if self.grow or rows.numel() != self.k.size(0):
+            self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
+
+
+class CachedAttention(MultiHeadedAttention):
+    """Chapter 2's attention while decoding step by step: `heads` reads and extends
+    `self.kv_cache`. Everything else, parameters included, is chapter 2's."""
+
+    kv_cache: KVCache
+
+    def heads(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, ...]:
+        cache = self.kv_cache
+        if not cache.grow and cache.k is not None and cache.v is not None:
+            return self.split_heads(self.w_q(query)), cache.k, cache.v  # the memory's, kept
+        q, k, v = super().heads(query, key, value)  # the new positions', (rows, h, new, d_k)
+        if cache.grow and cache.k is not None and cache.v is not None:
+            k = torch.cat([cache.k, k], dim=2)  # (rows, h, earlier + new, d_k)
+            v = torch.cat([cache.v, v], dim=2)
+        cache.k, cache.v = k, v
+        return q, k, v
+
+
+_CACHED: dict[type, type] = {MultiHeadedAttention: CachedAttention}
+
+
+def cached_class(cls: type) -> type:
+    """The class an attention layer of class `cls` takes while decoding: CachedAttention's `heads`
+    over the kernels of `cls` (chapter 2's, or those of a subclass with faster ones)."""
+    if cls not in _CACHED:
+        _CACHED[cls] = type(f"Cached{cls.__name__}", (CachedAttention, cls), {})
+    return _CACHED[cls]
+
+
 # %% ../notebooks/07_decoding.ipynb #c018b
+@contextmanager
+def as_classes(pairs: Iterable[tuple[nn.Module, type]]):
+    """Inside the block each module of `pairs` is an instance of the class paired with it (a
+    subclass of its own, or its own base: the same parameters); afterwards of its own again."""
+    pairs = list(pairs)
+    before = [type(module) for module, _ in pairs]
+    try:
+        for module, cls in pairs:
+            module.__class__ = cls
+        yield
+    finally:
+        for (module, _), cls in zip(pairs, before):
+            module.__class__ = cls
+
+
 @contextmanager
 def kv_caches(model, cache):
     """Inside the block, the attentions of decoder layer i read and extend cache[i], its
     (self-attention's, memory's) pair of KVCache; afterwards no attention holds a cache."""
-    layers = model.decoder.layers
-    for layer, (self_kv, memory_kv) in zip(layers, cache):
-        layer.self_attn.kv_cache, layer.src_attn.kv_cache = self_kv, memory_kv
+    caches = {
+        attn: kv
+        for layer, kvs in zip(model.decoder.layers, cache)
+        for attn, kv in zip((layer.self_attn, layer.src_attn), kvs)
+    }
+    for attn, kv in caches.items():
+        attn.kv_cache = kv
     try:
-        yield
+        with as_classes((attn, cached_class(type(attn))) for attn in caches):
+            yield
     finally:
-        for layer in layers:
-            layer.self_attn.kv_cache = layer.src_attn.kv_cache = None
+        for attn in caches:
+            del attn.kv_cache
 
 
 # %% ../notebooks/07_decoding.ipynb #c018d

@@ -12,7 +12,7 @@ from torch import nn
 
 from annotated import make_model
 from annotated.batching import PAD
-from annotated.fast import FastDropout, make_fast
+from annotated.fast import FastDropout, FastMultiHeadedAttention, make_fast
 from annotated.loss import FusedLabelSmoothing, LabelSmoothing
 from annotated.multihead import MultiHeadedAttention
 from annotated.training.registry import build_config
@@ -69,7 +69,8 @@ def test_make_fast_keeps_parameters_and_swaps_every_dropout():
     assert sorted(m.p for m in drops) == sorted(
         m.p for m in ref.modules() if isinstance(m, nn.Dropout)
     )
-    assert all(m.fast for m in fast.modules() if isinstance(m, MultiHeadedAttention))
+    layers = [m for m in fast.modules() if isinstance(m, MultiHeadedAttention)]
+    assert layers and all(type(m) is FastMultiHeadedAttention for m in layers)
     ref.load_state_dict(fast.state_dict())  # checkpoints move both ways
 
 
@@ -104,7 +105,7 @@ def test_fast_attention_keeps_no_weights_and_respects_dropout_mode():
 
 
 def test_fused_kernel_pays_everywhere_but_a_cpu_in_16_bit_floats():
-    from annotated.multihead import fused_kernel_pays
+    from annotated.fast import fused_kernel_pays
 
     for dtype, pays in ((torch.float32, True), (torch.float64, True), (torch.bfloat16, False)):
         assert fused_kernel_pays(torch.zeros(1, dtype=dtype)) is pays
@@ -115,8 +116,8 @@ def test_fused_kernel_pays_everywhere_but_a_cpu_in_16_bit_floats():
 def test_fast_attention_in_bf16_on_cpu_runs_the_reference_softmax():
     torch.manual_seed(0)
     ref = MultiHeadedAttention(4, 32, dropout=0.0)
-    fast = copy.deepcopy(ref)
-    fast.fast = True
+    fast = FastMultiHeadedAttention(4, 32, dropout=0.0)
+    fast.load_state_dict(ref.state_dict())
     x = torch.randn(3, 5, 32)
     mask = torch.ones(3, 1, 5, dtype=torch.bool)
     mask[1, :, 3:] = False
@@ -146,8 +147,8 @@ def test_a_query_that_sees_no_key_gets_zeros_from_both_kernels(dtype):
 def test_stacked_projections_equal_separate_ones(cross):
     torch.manual_seed(0)
     ref = MultiHeadedAttention(4, 32, dropout=0.0).double()
-    fast = copy.deepcopy(ref)
-    fast.fast = True
+    fast = FastMultiHeadedAttention(4, 32, dropout=0.0).double()
+    fast.load_state_dict(ref.state_dict())
     x = torch.randn(3, 5, 32, dtype=torch.float64, requires_grad=True)
     mem = torch.randn(3, 7, 32, dtype=torch.float64, requires_grad=True) if cross else x
     for got, want in zip(fast.project(x, mem, mem), ref.project(x, mem, mem)):
@@ -297,10 +298,15 @@ def test_fused_attention_is_switched_on_inside_the_block_and_restored_after():
 
     model = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2)
     layers = [m for m in model.modules() if isinstance(m, MultiHeadedAttention)]
-    layers[0].fast = True  # one layer already fast: it stays fast
+    layers[0].__class__ = FastMultiHeadedAttention  # one layer already fast: it stays fast
+    before = [type(m) for m in layers]
+    assert before == [FastMultiHeadedAttention] + [MultiHeadedAttention] * (len(layers) - 1)
     with fused_attention(model):
-        assert all(m.fast for m in layers)
-    assert [m.fast for m in layers] == [True] + [False] * (len(layers) - 1)
+        assert all(type(m) is FastMultiHeadedAttention for m in layers)
+    assert [type(m) for m in layers] == before
+    with fused_attention(model, False):
+        assert all(type(m) is MultiHeadedAttention for m in layers)
+    assert [type(m) for m in layers] == before
     with pytest.raises(RuntimeError), fused_attention(model):
         raise RuntimeError("the block fails")
-    assert [m.fast for m in layers] == [True] + [False] * (len(layers) - 1)
+    assert [type(m) for m in layers] == before

@@ -121,3 +121,87 @@ def test_a_smaller_key_size_d_k_table_3_row_b():
     torch.testing.assert_close(layer.attn, weights)
     fast = make_fast(copy.deepcopy(layer))
     torch.testing.assert_close(fast(x, x, x), out)
+
+
+def _chapter_2_code() -> str:
+    """The code cells of chapter 2, joined: what the reader is shown."""
+    import json
+
+    from helpers import ROOT
+
+    cells = json.loads((ROOT / "notebooks/02_multi_head_attention.ipynb").read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def test_a_model_without_the_fast_path_runs_the_code_chapter_2_shows():
+    """Every attention layer of a model from make_model is of chapter 2's class, and a training
+    forward and backward pass through it calls no function of annotated/multihead.py whose
+    source chapter 2 does not show, and nothing of the fast path (annotated/fast.py)."""
+    import inspect
+    import sys
+    from pathlib import Path
+
+    from annotated.loss import LabelSmoothing
+    from annotated.model import make_model
+    from annotated.training_step import loss_on_batch
+
+    from helpers import padded_batch
+
+    model = make_model(31, 31, N=2, d_model=16, d_ff=32, h=2)
+    kinds = {type(m) for m in model.modules() if isinstance(m, MultiHeadedAttention)}
+    assert kinds == {MultiHeadedAttention}
+    called = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and Path(frame.f_code.co_filename).name in ("multihead.py", "fast.py"):
+            called.add(frame.f_code)
+
+    sys.setprofile(profile)
+    try:
+        loss_on_batch(model, padded_batch(31), LabelSmoothing(31, 0, 0.1)).backward()
+    finally:
+        sys.setprofile(None)
+    shown = _chapter_2_code()
+    names = {code.co_qualname for code in called}
+    assert {"MultiHeadedAttention.forward", "MultiHeadedAttention.attend"} <= names, names
+    for code in called:
+        assert Path(code.co_filename).name == "multihead.py", code.co_qualname
+        function = getattr(MultiHeadedAttention, code.co_name, None)
+        source = inspect.getsource(function if function is not None else code)
+        assert inspect.cleandoc(source) in inspect.cleandoc(shown) or source in shown, (
+            f"{code.co_qualname} runs, but chapter 2 does not show it"
+        )
+
+
+def test_importing_any_module_leaves_chapter_2s_class_unchanged():
+    """MultiHeadedAttention's attributes, recorded before anything else of the package is
+    imported, are the very same objects after every module of it has been imported; each of its
+    functions was defined in its class body, in annotated/multihead.py."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    script = """
+import importlib, pkgutil, sys
+from annotated.multihead import MultiHeadedAttention as M
+before = dict(vars(M))
+import annotated
+names = [m.name for m in pkgutil.walk_packages(annotated.__path__, "annotated.")]
+for name in names:
+    importlib.import_module(name)
+after = dict(vars(M))
+assert after.keys() == before.keys(), sorted(after.keys() ^ before.keys())
+changed = [k for k in before if after[k] is not before[k]]
+assert not changed, changed
+for key, value in after.items():
+    if callable(value) and hasattr(value, "__qualname__"):
+        assert value.__qualname__ == "MultiHeadedAttention." + key, (key, value.__qualname__)
+        assert value.__module__ == "annotated.multihead", (key, value.__module__)
+print(len(names), "modules imported")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[0]) > 50

@@ -25,10 +25,9 @@ from torch import nn
 
 from ..batching import BOS, EOS, PAD, make_batch
 from ..beam import beam_search_core
-from ..decoding import kv_caches
+from ..decoding import KVCache, kv_caches
 from ..fast import fused_attention
 from ..files import atomic_path
-from ..multihead import KVCache
 from .ctranslate2_model import engine, position_table, save_tokenizer
 
 

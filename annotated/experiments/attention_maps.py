@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from ..batching import BOS, EOS, make_batch
 from ..data.tokenizer import Tokenizer, load_tokenizer
+from ..decoding import as_classes
 from ..model import ModelConfig, make_model
 from ..multihead import MultiHeadedAttention
 
@@ -63,24 +64,20 @@ def translator_model(folder, model_cfg: ModelConfig) -> tuple[nn.Module, Tokeniz
 def capture_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
     """Record the attention weights of every MultiHeadedAttention in `model`, call by call.
 
-    Yields {module name: [weights of each call, (batch, h, n_q, n_k)]}. Inside the block the
-    layers run the book's `attention` (chapter 1), which keeps its weights, where the fast path
-    would call the fused kernel: the same parameters and the same function."""
+    Yields {module name: [weights of each call, (batch, h, n_q, n_k)]}. Inside the block every
+    attention layer is of chapter 2's class, which runs the book's `attention` (chapter 1) and
+    keeps its weights, whatever kernels it had: the same parameters and the same function."""
     records: dict[str, list[Tensor]] = {}
-    fast: dict[MultiHeadedAttention, bool] = {}
-    handles = []
-    for name, module in model.named_modules():
-        if isinstance(module, MultiHeadedAttention):
-            fast[module], module.fast = module.fast, False
-            hook = _recorder(records.setdefault(name, []))
-            handles.append(module.register_forward_hook(hook))
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, MultiHeadedAttention)}
+    handles = [
+        m.register_forward_hook(_recorder(records.setdefault(n, []))) for n, m in layers.items()
+    ]
     try:
-        yield records
+        with as_classes((m, MultiHeadedAttention) for m in layers.values()):
+            yield records
     finally:
         for handle in handles:
             handle.remove()
-        for module, was_fast in fast.items():
-            module.fast = was_fast
 
 
 def _recorder(calls: list[Tensor]):
