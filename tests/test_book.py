@@ -177,6 +177,42 @@ def test_the_papers_path_reads_in_one_sitting():
     assert not over, over
 
 
+# Where the paper's path stands on its own (tools/path_report.py): imports of names that a later
+# chapter defines, and mentions of a later chapter outside the closing "where this goes next".
+# Both only go down: each restructure lowers the limit to what it reached (the goal is 0).
+STANDS_ALONE = {"forward_imports": 64, "forward_references": 65}
+
+
+def test_the_papers_path_stands_alone():
+    """The report of tools/path_report.py, printed (pytest -s), and its totals within limits."""
+    import path_report
+
+    rows = path_report.report()
+    assert [r["chapter"] for r in rows] == [nb.stem for nb in paper_path()]
+    path_report.main([])
+    for key, limit in STANDS_ALONE.items():
+        total = sum(len(r[key]) for r in rows)
+        worst = {r["chapter"]: r[key] for r in rows if r[key]}
+        assert total <= limit, f"{key}: {total} on the path (at most {limit}): {worst}"
+
+
+def test_the_path_report_finds_forward_imports_and_references(tmp_path, monkeypatch):
+    """A chapter that imports a later chapter's name and mentions a later chapter is counted;
+    the same mention inside its closing "where this goes next" section is not."""
+    import path_report
+
+    notebook = {
+        "cells": [
+            {"cell_type": "markdown", "source": ["As chapter 9b shows, and Figure 7a.1 too.\n"]},
+            {"cell_type": "code", "source": ["from annotated.fast import make_fast\n"]},
+            {"cell_type": "markdown", "source": ["## Where this goes next\n", "Chapter 9d.\n"]},
+        ]
+    }
+    assert path_report.mentions(notebook) == ["9b", "7a"]
+    assert path_report.imports_of(notebook) == [("fast", "make_fast")]
+    assert path_report.defining_chapters()["fast", "make_fast"] == "06b_fast_path"
+
+
 def chapter_label(nb: Path) -> str:
     """How figures of a chapter are numbered: 00 -> 0, 05b -> 5b, A6 -> A6."""
     prefix = nb.stem.split("_")[0]
