@@ -34,6 +34,8 @@ MENTION = re.compile(
     rf"|\b[Ff]igures?\s+({ONE})\.\d+"
 )
 LABEL = re.compile(ONE)
+LINK = re.compile(r"!?\[[^\]]*\]\([^)]*\)")
+TARGET = re.compile(r"\]\(([^)\s#]+?)\.ipynb(?:#[^)]*)?\)")
 # The appendix's chart and figure helpers (chapter A6) and `glue` may serve any chapter.
 EXEMPT = {"A6_charts_and_figures"}
 EXEMPT_NAMES = {("experiments.book_runs", "glue")}
@@ -109,7 +111,7 @@ def imports_of(notebook: dict) -> list[tuple[str, str]]:
 
 
 def mentions(notebook: dict) -> list[str]:
-    """The chapter labels the prose mentions outside the closing "where this goes next"."""
+    """The chapter labels the prose mentions or links to outside the closing section."""
     found = []
     for cell in notebook["cells"]:
         if cell["cell_type"] != "markdown":
@@ -118,8 +120,28 @@ def mentions(notebook: dict) -> list[str]:
         if (closing := CLOSING.search(text)) is not None:
             text = text[: closing.start()]
         text = re.sub(r"```.*?```", "", text, flags=re.S)
-        for m in MENTION.finditer(text):
+        found += [label(Path(m[1])) for m in TARGET.finditer(text)]  # links to a chapter
+        for m in MENTION.finditer(LINK.sub("", text)):  # and mentions by number alone
             found += LABEL.findall(m[1] or m[2])
+    return found
+
+
+UNLINKED = re.compile(rf"\b[Cc]hapters?\s+{ONE}\b")
+
+
+def unlinked(notebook: dict) -> list[str]:
+    """Mentions of a chapter by its number in the prose that are not links: "chapter 6" where
+    "[chapter 6](06_...ipynb)" belongs (code, inline code and glue spans aside)."""
+    found = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "markdown":
+            text = re.sub(
+                r"```.*?```|`[^`\n]*`|<span[^>]*>.*?</span>",
+                "",
+                "".join(cell["source"]),
+                flags=re.S,
+            )
+            found += UNLINKED.findall(LINK.sub("", text))
     return found
 
 
@@ -160,6 +182,7 @@ def report() -> list[dict]:
                 "exported_lines": lines,
                 "forward_imports": forward_imports,
                 "forward_references": forward_refs,
+                "unlinked": unlinked(notebook),
             }
         )
     return rows
@@ -173,17 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'chapter':32} {'minutes':>7} {'lines':>6} {'fwd imports':>11} {'fwd refs':>8}")
+    head = f"{'chapter':32} {'minutes':>7} {'lines':>6} {'fwd imports':>11} {'fwd refs':>8}"
+    print(f"{head} {'unlinked':>8}")
     for r in rows:
         print(
             f"{r['chapter']:32} {r['minutes']:7.1f} {r['exported_lines']:6d} "
-            f"{len(r['forward_imports']):11d} {len(r['forward_references']):8d}"
+            f"{len(r['forward_imports']):11d} {len(r['forward_references']):8d} "
+            f"{len(r['unlinked']):8d}"
         )
     print(
         f"{'the paper path':32} {sum(r['minutes'] for r in rows):7.1f} "
         f"{sum(r['exported_lines'] for r in rows):6d} "
         f"{sum(len(r['forward_imports']) for r in rows):11d} "
-        f"{sum(len(r['forward_references']) for r in rows):8d}"
+        f"{sum(len(r['forward_references']) for r in rows):8d} "
+        f"{sum(len(r['unlinked']) for r in rows):8d}"
     )
     return 0
 
