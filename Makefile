@@ -1,7 +1,9 @@
 # Two entry points, both usable on a fresh machine (see README):
 #   make book   install everything, then build the book, executing every notebook on CPU
 #               (tools/build_book.py: several chapters at a time, into _build/source;
-#               RECORD=results/book-build/NAME.json keeps the times with their provenance)
+#               RECORD=results/book-build/NAME.json keeps the times with their provenance;
+#               only the chapters whose inputs changed since the last build execute again,
+#               FORCE=1 executes all of them, as RECORD does)
 #   make test   install everything, then run all the tests (unit tests + notebooks under nbval)
 PYTHON ?= python3
 VENV   := .venv
@@ -51,7 +53,7 @@ browser:
 		"to a Chromium binary; the browser test fails without it."
 
 book: install              ## build the book into _build/html, executing every notebook
-	$(PY) tools/build_book.py $(if $(RECORD),--record $(RECORD))
+	$(PY) tools/build_book.py $(if $(RECORD),--record $(RECORD)) $(if $(FORCE),--force)
 	@echo "The book is in _build/html/index.html"
 
 test: install lint         ## every test: lint, unit tests, notebooks under nbval, packaging

@@ -97,3 +97,72 @@ def test_ctrl_c_stops_the_build_within_seconds_and_the_next_build_passes(tmp_pat
                            env=dict(os.environ, QUICK="1"))  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["a.ipynb", "b.ipynb", "c.ipynb"]
+
+
+def test_a_chapter_is_executed_again_only_when_an_input_changed(tmp_path, monkeypatch):
+    """tools/build_cache.py: a chapter's key follows its cells (not their outputs), the package
+    modules it imports or runs and what they import, the results it reads, and the key of the
+    chapter it reads the runs of; a module it does not use changes nothing."""
+    import shutil
+
+    import build_cache
+
+    shutil.copytree(ROOT / "annotated", tmp_path / "annotated")
+    monkeypatch.setattr(build_cache, "ROOT", tmp_path)
+    monkeypatch.setattr(build_cache, "PACKAGE", tmp_path / "annotated")
+    results = tmp_path / "results" / "x.json"
+    results.parent.mkdir()
+    results.write_text("{}")
+    monkeypatch.setattr(build_cache, "tracked", lambda: frozenset({results}))
+    decoding = notebook(tmp_path / "a.ipynb", "from annotated.decoding import greedy_decode")
+    cli = notebook(tmp_path / "b.ipynb", "run(['python', '-m', 'annotated.cli.bleu'])")
+    reads = notebook(tmp_path / "c.ipynb", "open('../results/x.json')", after=["a"])
+    paths = [decoding, cli, reads]
+    before = build_cache.keys_in_order(paths)
+    assert len(set(before.values())) == 3
+
+    def changed_after(edit) -> set[str]:
+        build_cache.imports_of_module.cache_clear()
+        edit()
+        now = build_cache.keys_in_order(paths)
+        return {name for name in now if now[name] != before[name]}
+
+    def append(path: Path, text: str):
+        return lambda: path.write_text(path.read_text() + text)
+
+    # multihead.py: imported by decoding.py, so chapter a, and c, which reads a's runs
+    assert changed_after(append(tmp_path / "annotated" / "multihead.py", "\n# x\n")) == {
+        "a.ipynb", "c.ipynb"
+    }  # fmt: skip
+    before = build_cache.keys_in_order(paths)
+    assert changed_after(append(tmp_path / "annotated" / "cli" / "bleu.py", "\n# y\n")) == {
+        "b.ipynb"
+    }
+    before = build_cache.keys_in_order(paths)
+    assert changed_after(append(results, " ")) == {"c.ipynb"}
+    before = build_cache.keys_in_order(paths)
+    nb = nbformat.read(cli, as_version=4)
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="an output")]
+    assert changed_after(lambda: nbformat.write(nb, cli)) == set()  # outputs are not inputs
+    nb.cells[0].source += "  # edited"
+    assert changed_after(lambda: nbformat.write(nb, cli)) == {"b.ipynb"}
+
+
+def test_the_build_reuses_chapters_whose_key_it_kept(tmp_path, monkeypatch):
+    import build_cache
+
+    monkeypatch.setattr(build_cache, "KEYS", tmp_path / "keys")
+    out = tmp_path / "out"
+    out.mkdir()
+    a = notebook(tmp_path / "a.ipynb", "x = 1")
+    b = notebook(tmp_path / "b.ipynb", "y = 2")
+    redo, keys = build_cache.stale([a, b], out)
+    assert redo == [a, b]
+    for p in (a, b):
+        (out / p.name).write_text("executed")
+        build_cache.keep(p.name, keys[p.name])
+    assert build_cache.stale([a, b], out)[0] == []
+    (out / "b.ipynb").unlink()  # an executed copy lost: executed again
+    assert build_cache.stale([a, b], out)[0] == [b]
+    build_cache.forget("a.ipynb")
+    assert build_cache.stale([a, b], out)[0] == [a, b]

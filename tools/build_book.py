@@ -1,11 +1,14 @@
 """Build the book: execute every chapter, then render the executed copies.
 
     python tools/build_book.py [--jobs N]      # what `make book` runs
-    python tools/build_book.py --record results/book-build/NAME.json   # and keep the times
+    python tools/build_book.py --force         # execute every chapter (`make book FORCE=1`)
+    python tools/build_book.py --record results/book-build/NAME.json   # all, and keep the times
 
 1. `run_notebooks.run_all` executes the chapters of `_toc.yml`, several at a time, into
    `_build/source/notebooks/`: the sources in `notebooks/` are never written to, so a build
-   stopped half-way leaves them as they were.
+   stopped half-way leaves them as they were. A chapter whose inputs (its cells, the package
+   code it uses, the results it reads: `tools/build_cache.py`) are those of its executed copy
+   is not executed again.
 2. `_build/source/` gets the rest of the book's source (the table of contents, `book/`, and
    `_config.yml` with execution off), and Jupyter Book renders it into `_build/html/`, with
    warnings as errors.
@@ -26,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import build_cache
 import yaml
 from run_notebooks import Interrupted, default_jobs, exit_now, run_all
 
@@ -75,6 +79,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=default_jobs())
     parser.add_argument("--record", type=Path, help="also write the times here, with provenance")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="execute every chapter, even those whose inputs are unchanged since the last build",
+    )
     args = parser.parse_args(argv)
     try:
         return build(args)
@@ -87,11 +96,30 @@ def main(argv: list[str]) -> int:
     return 130
 
 
+def keep_keys(results: dict, keys: dict) -> None:
+    for name, value in results.items():
+        if not isinstance(value, str):  # executed without an error
+            build_cache.keep(name, keys[name])
+
+
 def build(args) -> int:
     load = os.getloadavg()[0]
     start = time.perf_counter()
     stage()
-    results = run_all(chapters(), STAGE / "notebooks", args.jobs, timeout=1800)
+    paths = chapters()
+    redo, keys = build_cache.stale(paths, STAGE / "notebooks")
+    redo = paths if args.force or args.record else redo  # a record times every chapter
+    for p in redo:
+        build_cache.forget(p.name)  # until it has executed again
+    if len(redo) < len(paths):
+        print(f"reusing {len(paths) - len(redo)} chapters whose inputs are unchanged "
+              f"(--force executes them too)", flush=True)  # fmt: skip
+    try:
+        results = run_all(redo, STAGE / "notebooks", args.jobs, timeout=1800) if redo else {}
+    except Interrupted as e:
+        keep_keys(e.results, keys)  # the chapters that finished need not execute again
+        raise
+    keep_keys(results, keys)
     failed = sorted(k for k, v in results.items() if isinstance(v, str))
     executed = time.perf_counter() - start
     if failed:
@@ -101,12 +129,14 @@ def build(args) -> int:
     total = time.perf_counter() - start
     times = {"execute_s": round(executed, 1), "render_s": round(total - executed, 1)}
     times |= {"total_s": round(total, 1), "jobs": args.jobs, "cpus": os.cpu_count()}
+    times |= {"reused": len(paths) - len(redo)}
     (ROOT / "_build" / "build-seconds.json").write_text(json.dumps(times, indent=1))
     if args.record:
         record(args.record, times | {"load_at_start": load}, results)
     print(
-        f"executed {len(results)} chapters in {executed:.0f} s ({args.jobs} at a time), "
-        f"rendered in {total - executed:.0f} s: {total:.0f} s in all"
+        f"executed {len(results)} chapters in {executed:.0f} s ({args.jobs} at a time; "
+        f"{len(paths) - len(redo)} reused), rendered in {total - executed:.0f} s: "
+        f"{total:.0f} s in all"
     )
     return code
 

@@ -131,6 +131,7 @@ class Interrupted(Exception):
     """Ctrl-C during `run_all`: what had finished, of how many."""
 
     def __init__(self, results: dict, total: int):
+        self.results = results
         done = sum(not isinstance(v, str) for v in results.values())
         super().__init__(
             f"interrupted: {done} of {total} notebooks had finished executing; the others "
