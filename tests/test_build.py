@@ -166,3 +166,31 @@ def test_the_build_reuses_chapters_whose_key_it_kept(tmp_path, monkeypatch):
     assert build_cache.stale([a, b], out)[0] == [b]
     build_cache.forget("a.ipynb")
     assert build_cache.stale([a, b], out)[0] == [a, b]
+
+
+def test_only_a_full_passing_run_of_the_suite_keeps_its_times():
+    """The root conftest keeps the suite's time and slowest tests after `make test` (every test
+    path, nothing selected), not after a run of some tests."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    root_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root_conftest)
+    _full_run = root_conftest._full_run
+
+    def config(source, keyword="", markexpr="", deselect=None):
+        option = SimpleNamespace(keyword=keyword, markexpr=markexpr, deselect=deselect)
+        return SimpleNamespace(
+            args_source=source, ArgsSource=pytest.Config.ArgsSource, option=option
+        )
+
+    paths, args = pytest.Config.ArgsSource.TESTPATHS, pytest.Config.ArgsSource.ARGS
+    assert _full_run(config(paths))
+    assert not _full_run(config(args))  # pytest tests/test_x.py
+    assert not _full_run(config(paths, keyword="cache"))  # pytest -k cache
+    assert not _full_run(config(paths, markexpr="not slow"))
+    assert not _full_run(config(paths, deselect=["notebooks/x.ipynb"]))

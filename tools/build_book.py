@@ -70,7 +70,10 @@ def record(path: Path, times: dict, results: dict) -> None:
 
     command = " ".join(["python tools/build_book.py", *sys.argv[1:]])
     chapters = {k: round(v, 1) for k, v in sorted(results.items()) if isinstance(v, float)}
-    out = provenance(command, "cpu") | {"cpus": os.cpu_count()} | times | {"chapters": chapters}
+    from timed import cpu
+
+    out = provenance(command, "cpu") | {"cpu": cpu(), "cpus": os.cpu_count()} | times
+    out |= {"chapters": chapters}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(out, indent=1) + "\n")
 
