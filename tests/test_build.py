@@ -171,11 +171,10 @@ def test_the_build_reuses_chapters_whose_key_it_kept(tmp_path, monkeypatch):
 def test_only_a_full_passing_run_of_the_suite_keeps_its_times():
     """The root conftest keeps the suite's time and slowest tests after `make test` (every test
     path, nothing selected), not after a run of some tests."""
+    import importlib.util
     from types import SimpleNamespace
 
     import pytest
-
-    import importlib.util
 
     spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
     root_conftest = importlib.util.module_from_spec(spec)
