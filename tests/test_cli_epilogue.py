@@ -251,3 +251,44 @@ def test_ctrl_c_while_a_command_imports_pytorch_ends_it_without_a_traceback(tmp_
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
     assert "interrupted as it started; nothing was done." in err or "interrupted:" in err, err
     assert not any(tmp_path.iterdir())  # nothing was written
+
+
+def test_threads_default_to_the_free_cores_or_omp_num_threads(monkeypatch):
+    """use_threads: --threads N sets N; without it, OMP_NUM_THREADS is left as the user set it,
+    and otherwise the threads are the cores less the machine's load, at least one."""
+    import argparse
+    import os
+
+    import torch
+
+    from annotated.cli.epilogue import use_threads
+
+    ap = argparse.ArgumentParser()
+    before = torch.get_num_threads()
+    try:
+        assert use_threads(ap, 1) == 1
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 0.0, 0.0))
+        assert use_threads(ap, None) == 1  # a busy machine: one thread
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+        assert use_threads(ap, None) == 2  # an idle one: every core PyTorch would use
+        monkeypatch.delattr(os, "getloadavg")  # Windows
+        torch.set_num_threads(2)
+        assert use_threads(ap, None) == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(2)
+        assert use_threads(ap, None) == 2  # the user's setting stands
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_memory_message_works_where_the_system_does_not_say_how_much_there_is(monkeypatch):
+    import os
+
+    from annotated.cli import epilogue
+
+    assert 0 < epilogue._memory_bytes() < float("inf")
+    monkeypatch.delattr(os, "sysconf")  # Windows
+    assert epilogue._memory_bytes() == float("inf")

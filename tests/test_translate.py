@@ -233,3 +233,36 @@ def test_a_reader_that_stops_reading_ends_translate_as_it_ends_any_writer(checkp
     finally:
         proc.kill()
     assert proc.returncode == 141 and "error" not in err and "Traceback" not in err, err[-2000:]
+
+
+def test_translate_streams_without_select_as_on_windows(checkpoint):
+    """The streaming reader needs no `select` (Windows has none for pipes): with the module made
+    unavailable, a pipe's lines are translated as with it, and --threads is honoured."""
+    script = (  # torch needs `select` to import; translate, once imported, may not use it
+        "import sys, select\n"
+        "from annotated.cli import translate\n"
+        "from annotated.cli.translate import main\n"
+        "import torch\n"
+        "assert 'select' not in vars(translate)\n"
+        "for name in ('select', 'poll', 'epoll', 'devpoll', 'kqueue'):\n"
+        "    if hasattr(select, name): delattr(select, name)\n"
+        "code = main(sys.argv[1:])\n"
+        "print(torch.get_num_threads(), file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    lines = b"3 4 5\n\n6 7\n4 4"  # the last line without its newline
+    done = subprocess.run(
+        [sys.executable, "-c", script, "--checkpoint", str(checkpoint[-1]), "--threads", "1"],
+        input=lines,
+        capture_output=True,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stderr.decode().split()[-1] == "1"
+    whole = cli("--checkpoint", checkpoint[-1], stdin=lines)
+    assert done.stdout == whole.stdout and len(done.stdout.splitlines()) == 4
+
+
+@pytest.mark.parametrize("threads", ["0", "-2", "x"])
+def test_threads_below_one_or_not_a_number_are_refused(checkpoint, threads):
+    done = cli("--checkpoint", checkpoint[-1], "--threads", threads)
+    assert done.returncode == 2 and b"--threads" in done.stderr

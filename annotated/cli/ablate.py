@@ -9,8 +9,15 @@ import re
 import sys
 from pathlib import Path
 
+from annotated.cli.epilogue import (
+    Epilogue,
+    add_compute_options,
+    command_parser,
+    run_command,
+    use_threads,
+)
+
 from ..experiments.table3 import GRIDS, run_variation
-from .epilogue import Epilogue, command_parser, run_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="an override for every row, e.g. precision=bf16 (repeatable)",
     )
+    add_compute_options(ap, device=False)
     args = ap.parse_args(argv)
+    use_threads(ap, args.threads)
     if args.steps < 1 or (args.dev_sentences is not None and args.dev_sentences < 1):
         ap.error("--steps and --dev-sentences must be at least 1")
     part = re.fullmatch(r"([1-9]\d*)/([1-9]\d*)", args.part)

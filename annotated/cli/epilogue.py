@@ -9,6 +9,8 @@ __all__ = [
     "EXIT_CODES",
     "Terminated",
     "command_parser",
+    "add_compute_options",
+    "use_threads",
     "chosen_device",
     "Epilogue",
     "run_command",
@@ -68,6 +70,36 @@ def command_parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_Defaults)
     ap.add_argument("--version", action="version", version=f"%(prog)s {annotated.__version__}")
     return ap
+
+
+def add_compute_options(ap: argparse.ArgumentParser, device: bool = True) -> None:
+    """--device, where a command may compute on a GPU, and --threads: every command that
+    computes takes them."""
+    if device:
+        ap.add_argument(
+            "--device", help="cpu, cuda, cuda:1 or mps (default: cuda when there is one)"
+        )
+    ap.add_argument(
+        "--threads", type=int, metavar="N",
+        help="CPU threads for PyTorch (default: OMP_NUM_THREADS when set, else the cores that "
+        "other work is not using as the command starts, at least 1)",
+    )  # fmt: skip
+
+
+def use_threads(ap: argparse.ArgumentParser, threads: int | None) -> int:
+    """Set PyTorch's CPU threads from --threads, or to what the machine offers now: threads
+    beyond the free cores wait on each other, and a busy machine runs slower with more of
+    them. The results' provenance records the number (`describe_device`)."""
+    if threads is not None and threads < 1:
+        ap.error(f"--threads {threads}: give at least 1, or leave it out")
+    if threads is None and os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()  # the user's or the launcher's choice
+    try:
+        busy = int(os.getloadavg()[0])  # the processes running or waiting, averaged over a minute
+    except (AttributeError, OSError):  # Windows has no load average
+        busy = 0
+    torch.set_num_threads(threads or max(1, torch.get_num_threads() - busy))
+    return torch.get_num_threads()
 
 
 def chosen_device(ap: argparse.ArgumentParser, name: str | None) -> torch.device:
@@ -193,9 +225,13 @@ def _no_memory(e: RuntimeError, end: Epilogue) -> str:
     return f"{where} ran out of memory ({said}). {_then('', end.memory)}, then {end.again}."
 
 
-def _memory_bytes() -> int:
-    """This machine's memory in all (physical pages times their size)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def _memory_bytes() -> float:
+    """This machine's memory in all (physical pages times their size); infinite where the
+    system does not say (Windows)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return float("inf")
 
 
 def _cannot_write(e: OSError, end: Epilogue) -> str:

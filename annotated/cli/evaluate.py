@@ -9,13 +9,21 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from annotated.cli.epilogue import (
+    Epilogue,
+    add_compute_options,
+    chosen_device,
+    command_parser,
+    run_command,
+    use_threads,
+)
+
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
 from ..files import LOCK_FILE, check_writable
 from ..training.checkpoints import checkpoint_step
 from ..training.run_folder import read_json
 from ..training.tensorboard import board_scores
 from ..training.validation import best_checkpoint
-from .epilogue import Epilogue, chosen_device, command_parser, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-c023c
@@ -43,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, help="translate only the first N sentences of each set")
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--alpha", type=float, default=0.6)
-    ap.add_argument("--device", help="cpu, cuda, cuda:1 or mps (default: cuda when there is one)")
+    add_compute_options(ap)
     ap.add_argument(
         "--plot",
         metavar="PNG",
@@ -158,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     args.device = chosen_device(ap, args.device)
+    use_threads(ap, args.threads)
     end = Epilogue(
         interrupted="nothing was written; run the same command again",
         writes="the results",

@@ -12,12 +12,19 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from annotated.cli.epilogue import (
+    Epilogue,
+    add_compute_options,
+    command_parser,
+    run_command,
+    use_threads,
+)
+
 from ..training.config import TrainConfig
 from ..training.config_files import config_text
 from ..training.registry import CONFIGS, build_config
 from ..training.run_folder import read_metrics
 from ..training.trainer import train
-from .epilogue import Epilogue, command_parser, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-train-c017
@@ -54,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--tensorboard", metavar="FOLDER", help="also write the curves there")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compute_options(ap, device=False)  # the device is the configuration's
     ap.add_argument(
         "--plot", metavar="PNG", help="when done, draw loss, learning rate and speed (chapter 9b)"
     )
@@ -63,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
+    use_threads(ap, args.threads)
     if args.print_config:
         return run_command(lambda: print(_config_text(args), end=""), Epilogue("nothing was done"))
     if args.plot and importlib.util.find_spec("matplotlib") is None:

@@ -9,16 +9,25 @@ __all__ = ["main", "write_out"]
 import argparse
 import math
 import os
-import select
+import queue
 import stat
 import sys
+import threading
 from pathlib import Path
+
+from annotated.cli.epilogue import (
+    Epilogue,
+    add_compute_options,
+    chosen_device,
+    command_parser,
+    run_command,
+    use_threads,
+)
 
 from ..data.download import decode_lines
 from ..errors import DataError
 from ..evaluation.translation import load_model, translate
 from ..files import atomic_path, check_writable
-from .epilogue import Epilogue, chosen_device, command_parser, run_command
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-translate-c006
@@ -44,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         "--nbest", type=int, default=0, metavar="N",
         help="write the N best translations of each line as LINE<tab>SCORE<tab>TRANSLATION",
     )  # fmt: skip
-    ap.add_argument("--device", help="cpu, cuda, cuda:1 or mps (default: cuda when there is one)")
+    add_compute_options(ap)
     return ap
 
 
@@ -56,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.nbest <= args.beam:
         ap.error(f"--nbest {args.nbest}: a beam of {args.beam} holds 1 to {args.beam} outputs")
     args.device = chosen_device(ap, args.device)
+    use_threads(ap, args.threads)
     end = Epilogue(
         interrupted=f"nothing was written to {args.output}; run the same command again"
         if args.output
@@ -128,30 +138,53 @@ def _rows(first: int, translated: list) -> list[str]:
 def _arriving(stream):
     """(number of the first line, lines) for the lines of a binary stream as they arrive: all
     that are already there, up to 100,000 from a file and 1,000 from a pipe. A file is thus one
-    large batch, as before streaming existed; a pipe that never ends (`yes | ...`) still sees
-    its first translations soon; and each line a person types is translated when entered."""
+    large batch; a pipe that never ends (`yes | ...`) still sees its first translations soon;
+    and each line a person types is translated when entered. A thread reads a pipe or a
+    terminal, so that waiting for input needs no `select`, which Windows lacks for them."""
     try:
         fd = stream.fileno()
     except (AttributeError, OSError, ValueError):  # not a file (a test's buffer): read it all
         yield 1, list(stream)
         return
-    most = 100_000 if stat.S_ISREG(os.fstat(fd).st_mode) else 1_000
-    first, pending = 1, b""
-    lines: list[bytes] = []
-    while True:
-        if lines and (len(lines) >= most or not select.select([fd], [], [], 0)[0]):
-            chunk, lines = lines[:most], lines[most:]
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        lines = stream.read().split(b"\n")
+        lines = lines[:-1] if lines and not lines[-1] else lines
+        for start in range(0, len(lines), 100_000):
+            yield 1 + start, lines[start : start + 100_000]
+        return
+    arrived: queue.Queue = queue.Queue()
+    threading.Thread(target=_read_lines, args=(fd, arrived), daemon=True).start()
+    first, lines, ended = 1, [], False
+    while not ended or lines:
+        if lines and (ended or len(lines) >= 1_000 or arrived.empty()):
+            chunk, lines = lines[:1_000], lines[1_000:]
             yield first, chunk  # nothing more is waiting: translate what came
             first += len(chunk)
             continue
-        data = os.read(fd, 1 << 16)
-        if not data:
-            break
-        *complete, pending = (pending + data).split(b"\n")
-        lines += complete
-    lines += [pending] if pending else []
-    for start in range(0, len(lines), most):
-        yield first + start, lines[start : start + most]
+        try:
+            item = arrived.get(timeout=0.5)  # a timeout, so that Ctrl-C is seen everywhere
+        except queue.Empty:
+            continue
+        if isinstance(item, OSError):
+            raise item
+        ended = item is None
+        lines += item or []
+
+
+def _read_lines(fd: int, arrived: queue.Queue) -> None:
+    """In a thread: put the complete lines of each read on `arrived`, the last line (if it has
+    no newline) and None at the end, or the OSError that reading raised."""
+    pending = b""
+    try:
+        while data := os.read(fd, 1 << 16):
+            *complete, pending = (pending + data).split(b"\n")
+            if complete:
+                arrived.put(complete)
+    except OSError as e:
+        arrived.put(e)
+        return
+    arrived.put([pending] if pending else [])
+    arrived.put(None)
 
 
 def write_out(lines: list[str]) -> None:
