@@ -51,6 +51,14 @@ def test_yaml_round_trip_and_overrides_after_the_file(tmp_path):
     assert build_config(str(path), ["seed=7"]).seed == 7  # --set still applies on top
     yaml_again = printed("--config", str(path))
     assert yaml_again == path.read_text()  # a YAML file is printed back as YAML
+    as_json = printed("--config", str(path), "--format", "json")  # unless asked otherwise
+    assert json.loads(as_json)["optim"]["lr_factor"] == 0.5
+    as_yaml = printed("--config", "multi30k-cpu", "--set", "model.N=2", "--set",
+                      "optim.lr_factor=0.5", "--format", "yaml")  # fmt: skip
+    assert as_yaml == path.read_text()
+    alone = subprocess.run([sys.executable, "-m", "annotated.cli.train", "--config", "copy",
+                            "--format", "yaml"], capture_output=True, text=True)  # fmt: skip
+    assert alone.returncode == 2 and "--print-config" in alone.stderr
 
 
 def test_a_hand_written_yaml_file_may_write_numbers_as_people_do(tmp_path):

@@ -49,9 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--print-config",
         action="store_true",
-        help="print the configuration with every override applied (YAML for a .yaml --config, "
-        "else JSON) and stop; saved to a file, it is a --config",
+        help="print the configuration with every override applied and stop; saved to a file, "
+        "it is a --config",
     )
+    ap.add_argument(
+        "--format", choices=["json", "yaml"],
+        help="of --print-config (default: YAML for a .yaml --config, else JSON)",
+    )  # fmt: skip
     ap.add_argument(
         "--resume", action="store_true", help="continue from the newest checkpoint in --out"
     )
@@ -72,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     use_threads(ap, args.threads)
+    if args.format and not args.print_config:
+        ap.error("--format is the format of --print-config; give both, or neither")
     if args.print_config:
         return run_command(lambda: print(_config_text(args), end=""), Epilogue("nothing was done"))
     if args.plot and importlib.util.find_spec("matplotlib") is None:
@@ -101,7 +107,10 @@ def _config(args) -> TrainConfig:
 
 
 def _config_text(args) -> str:
-    return config_text(_config(args), yaml_format=args.config.lower().endswith((".yaml", ".yml")))
+    yaml_file = args.config.lower().endswith((".yaml", ".yml"))
+    return config_text(
+        _config(args), yaml_format=args.format == "yaml" or (yaml_file and not args.format)
+    )
 
 
 def _train(args, argv: list[str]) -> None:
