@@ -170,3 +170,49 @@ def test_the_gpu_profile_is_the_post_norm_recipe_measured_on_a_gpu():
     assert rate(1000, m.d_model, warmup=1000) == pytest.approx(2.0e-3, rel=0.02)
     assert cfg.batch.max_tokens == 4096 and cfg.loss.label_smoothing == 0.1
     assert 0 < cfg.max_minutes <= 8
+
+
+def test_a_record_never_imports_the_module_it_names(tmp_path, monkeypatch):
+    """A checkpoint or run.json that names a module as its task: refused before anything is
+    imported, unless the module is one of the book's tasks or already imported; a record that
+    is not a mapping of settings is a message too."""
+    marker = tmp_path / "ran"
+    (tmp_path / "planted_task.py").write_text(f"open({str(marker)!r}, 'w').write('x')\nTASK = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    record = json.loads(json.dumps(asdict(build_config("copy"))))
+    for name in ("planted_task", "planted_task.x", "this.x", 3, None):
+        with pytest.raises(ConfigError, match="never imports"):
+            config_from_record({**record, "task": name})
+    assert not marker.exists()
+    for damaged in ("a string", [1, 2], {**record, "model": "base"}, {"task": "copy"}):
+        with pytest.raises(ConfigError, match="not a mapping of settings"):
+            config_from_record(damaged)
+    import tiny_tasks.reverse  # noqa: F401  # imported by this process: its records are read
+
+    assert TASKS.recorded("tiny_tasks.reverse").__name__ == "ReverseTask"
+    assert TASKS.recorded("copy").__name__ == TASKS["copy"].__name__
+
+
+def test_translate_reads_a_checkpoint_of_a_task_of_your_own_only_with_import(tmp_path, monkeypatch):
+    """The CLI: a checkpoint whose task is a module of your own is refused with a message that
+    names --import, before the module runs; with --import the module is imported and it
+    translates."""
+    from annotated.training.checkpoints import checkpoint_paths
+    from annotated.training.trainer import train
+
+    row = {"task": "tiny_tasks.reverse", "data.longest": 4, "max_steps": 2, "checkpoint_every": 0}
+    monkeypatch.setitem(CONFIGS, "reverse", ("copy", row))
+    small = ["data.vocab=9", "model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2"]
+    cfg = build_config("reverse", small)
+    train(cfg, tmp_path / "run", progress=False)
+    checkpoint = str(checkpoint_paths(tmp_path / "run")[-1])
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT / "tests")}
+    cmd = [sys.executable, "-m", "annotated.cli.translate", "--checkpoint", checkpoint]
+    refused = subprocess.run(cmd, input="3 4\n", capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "--import" in refused.stderr, refused.stderr[-1500:]
+    done = subprocess.run([*cmd, "--import", "tiny_tasks.reverse"], input="3 4\n",
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr[-1500:]
+    missing = subprocess.run([*cmd, "--import", "tiny_tasks.nosuch"], input="3 4\n",
+                             capture_output=True, text=True, env=env)  # fmt: skip
+    assert missing.returncode == 2 and "--import tiny_tasks.nosuch" in missing.stderr

@@ -10,6 +10,8 @@ __all__ = [
     "Terminated",
     "command_parser",
     "add_compute_options",
+    "add_import_option",
+    "import_modules",
     "use_threads",
     "chosen_device",
     "Epilogue",
@@ -84,6 +86,27 @@ def add_compute_options(ap: argparse.ArgumentParser, device: bool = True) -> Non
         help="CPU threads for PyTorch (default: OMP_NUM_THREADS when set, else the cores that "
         "other work is not using as the command starts, at least 1)",
     )  # fmt: skip
+
+
+def add_import_option(ap: argparse.ArgumentParser) -> None:
+    """--import MODULE: a task of your own, imported before any checkpoint is read, since a
+    checkpoint or run.json never imports the module it names (chapter 6d)."""
+    ap.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="import this module first: the task of your own that the checkpoints were "
+        "trained on (repeatable)",
+    )  # fmt: skip
+
+
+def import_modules(ap: argparse.ArgumentParser, names: list[str]) -> None:
+    """Import each --import module, or end with a usage error that names it."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            ap.error(f"--import {name}: {e}; give a module on the Python path (PYTHONPATH)")
 
 
 def use_threads(ap: argparse.ArgumentParser, threads: int | None) -> int:

@@ -12,8 +12,10 @@ from pathlib import Path
 from annotated.cli.epilogue import (
     Epilogue,
     add_compute_options,
+    add_import_option,
     chosen_device,
     command_parser,
+    import_modules,
     run_command,
     use_threads,
 )
@@ -52,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--alpha", type=float, default=0.6)
     add_compute_options(ap)
+    add_import_option(ap)
     ap.add_argument(
         "--plot",
         metavar="PNG",
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.device = chosen_device(ap, args.device)
     use_threads(ap, args.threads)
+    import_modules(ap, args.imports)
     end = Epilogue(
         interrupted="nothing was written; run the same command again",
         writes="the results",

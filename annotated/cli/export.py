@@ -8,11 +8,18 @@ __all__ = ["ENGINES", "main"]
 import sys
 from pathlib import Path
 
+from annotated.cli.epilogue import (
+    Epilogue,
+    add_import_option,
+    command_parser,
+    import_modules,
+    run_command,
+)
+
 from ..data.tokenizer import Tokenizer
 from ..errors import ConfigError
 from ..evaluation.translation import load_model
 from ..training.run_folder import read_json
-from .epilogue import Epilogue, command_parser, run_command
 
 ENGINES = ("ctranslate2", "onnx", "transformers")
 
@@ -60,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--to", nargs=2, required=True, metavar=("ENGINE", "OUT"),
                     help=f"ENGINE: {' or '.join(ENGINES)}; OUT: a new folder")  # fmt: skip
     ap.add_argument("--quantization", help="CTranslate2's weight type, such as int8")
+    add_import_option(ap)
     args = ap.parse_args(argv)
+    import_modules(ap, args.imports)
     out = args.to[1]
     end = Epilogue(
         interrupted=f"nothing was written to {out}; run the same command again",

@@ -18,8 +18,10 @@ from pathlib import Path
 from annotated.cli.epilogue import (
     Epilogue,
     add_compute_options,
+    add_import_option,
     chosen_device,
     command_parser,
+    import_modules,
     run_command,
     use_threads,
 )
@@ -54,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         help="write the N best translations of each line as LINE<tab>SCORE<tab>TRANSLATION",
     )  # fmt: skip
     add_compute_options(ap)
+    add_import_option(ap)
     return ap
 
 
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--nbest {args.nbest}: a beam of {args.beam} holds 1 to {args.beam} outputs")
     args.device = chosen_device(ap, args.device)
     use_threads(ap, args.threads)
+    import_modules(ap, args.imports)
     end = Epilogue(
         interrupted=f"nothing was written to {args.output}; run the same command again"
         if args.output

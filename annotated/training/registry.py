@@ -18,6 +18,7 @@ __all__ = [
 # Every named configuration in one table, each task found by its name, and what a task offers.
 import importlib
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
 from typing import Any, ClassVar, Protocol
@@ -128,6 +129,21 @@ class Tasks(Mapping):
             )
         return found
 
+    def recorded(self, name: object) -> type[Task]:
+        """The task a record names (a checkpoint, a run.json): one of the book's, or a module
+        of your own that this process has already imported. A record never makes the code
+        import a module: a checkpoint from elsewhere could name any module on the path."""
+        book = list(self)
+        if isinstance(name, str) and (name in book or ("." in name and name in sys.modules)):
+            return self[name]
+        raise ConfigError(
+            f"the record names the task {name!r}, which is not one of the book's tasks "
+            f"({', '.join(book)}) nor a module imported by this process: reading a checkpoint "
+            f"or run.json never imports the code it names. For a task of your own, import its "
+            f"module first: --import mypackage.mytask (translate, evaluate, export), or its "
+            f"configuration for train (--config, or --set task=mypackage.mytask)."
+        )
+
     def __iter__(self) -> Iterator[str]:  # the book's tasks, as the table names them
         return iter(dict.fromkeys(s["task"] for _, s in CONFIGS.values() if "task" in s))
 
@@ -186,8 +202,14 @@ def config_from_record(saved: dict) -> TrainConfig:
     """The TrainConfig that a checkpoint or run.json recorded. A model setting this version
     does not have is refused (it would build another model); other unknown keys are dropped.
     Older layouts are read too: the batch and the loss inside `optim`, or every key at the top."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+        raise ConfigError(
+            f"the recorded configuration is not a mapping of settings with a model "
+            f"({type(saved).__name__}): the file was damaged, or not written by this code. "
+            f"Name another checkpoint or run."
+        )
     task = saved.get("task", "copy")
-    kind = TASKS[task].Data
+    kind = TASKS.recorded(task).Data
     newer = sorted(set(saved["model"]) - {f.name for f in fields(ModelConfig)})
     if newer:
         raise ConfigError(
