@@ -103,3 +103,68 @@ def test_a_missing_file_and_bad_yaml_are_messages(tmp_path):
     (tmp_path / "bad.yaml").write_text("task: copy\nmodel: [unclosed\n")
     with pytest.raises(ConfigError, match="is not valid YAML"):
         build_config(str(tmp_path / "bad.yaml"))
+
+
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi")
+)
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("task: copy\nseed: &s 1\nmax_steps: *s\n", "alias"),  # any alias
+        ("task: copy\nmodel: &m\n  N: 1\n  again: *m\n", "alias"),  # one that refers to itself
+        (
+            "task: copy\nseed:\n"
+            + "".join("  " + line for line in BILLION_LAUGHS.splitlines(True)),
+            "alias",
+        ),  # fmt: skip
+        ("task: copy\nmax_steps: 010\n", "octal"),  # YAML 1.1 would read 8
+        ("task: copy\nseed: " + "[" * 5000 + "]" * 5000 + "\n", "nest"),
+    ],
+)
+def test_a_configuration_file_cannot_hang_or_crash_a_command(tmp_path, text, said):
+    """Aliases, which can expand a small file past any bound or refer to themselves, are refused;
+    a number with a leading zero is not read as octal; nesting past Python's recursion is a
+    message. Each in well under a second, with no traceback."""
+    import time
+
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=said):
+        build_config(str(path))
+    assert time.perf_counter() - start < 5
+
+
+def test_a_fifo_a_folder_or_a_huge_file_is_refused_before_it_is_read(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    with pytest.raises(ConfigError, match="not a file"):
+        build_config(str(fifo))
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="a folder"):
+        build_config(str(folder))
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"task": "copy", "x": "' + "y" * (1 << 20) + '"}')
+    with pytest.raises(ConfigError, match="more than any"):
+        build_config(str(huge))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="too deeply|nests"):
+        build_config(str(deep))
+
+
+def test_the_command_line_ends_a_fifo_config_with_a_message(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, "-m", "annotated.cli.train", "--config", str(fifo),
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "not a file" in r.stderr and "Traceback" not in r.stderr
