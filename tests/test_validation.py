@@ -128,3 +128,22 @@ def test_a_task_or_folder_without_a_validation_set_is_a_message(data, tmp_path):
     r = run_trainer("--config", "copy", *sets("patience=3"), "--out", str(tmp_path / "p"),
                     check=False)  # fmt: skip
     assert r.returncode == 2 and "patience" in r.stderr
+
+
+def test_best_json_names_a_checkpoint_of_its_own_run_or_nothing(tmp_path):
+    """best.json naming a checkpoint of another folder (by ../ or an absolute path) is refused,
+    even where that file exists: evaluate --best scores this run's checkpoints only."""
+    from annotated.errors import TrainingError
+    from annotated.training.validation import best_checkpoint
+
+    own, other = tmp_path / "run", tmp_path / "other"
+    for folder in (own, other):
+        (folder / "checkpoints").mkdir(parents=True)
+        (folder / "checkpoints" / "ckpt_00000040.pt").write_bytes(b"x")
+    for named in ("../../other/checkpoints/ckpt_00000040.pt",
+                  str(other / "checkpoints" / "ckpt_00000040.pt"), 40, None):  # fmt: skip
+        (own / "best.json").write_text(json.dumps({"step": 40, "checkpoint": named}))
+        with pytest.raises(TrainingError, match="no readable best.json"):
+            best_checkpoint(own)
+    (own / "best.json").write_text(json.dumps({"step": 40, "checkpoint": "ckpt_00000040.pt"}))
+    assert best_checkpoint(own) == own / "checkpoints" / "ckpt_00000040.pt"

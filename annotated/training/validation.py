@@ -120,8 +120,8 @@ def best_checkpoint(run_dir: Path) -> Path:
     """The checkpoint of the run's best validation, as best.json names it."""
     try:
         best = json.loads((Path(run_dir) / BEST).read_text())
+        assert CHECKPOINT_NAME.fullmatch(best["checkpoint"])  # a name alone: no other folder
         path = Path(run_dir) / "checkpoints" / best["checkpoint"]
-        assert CHECKPOINT_NAME.fullmatch(path.name)  # a checkpoint of this folder, nothing else
     except (OSError, ValueError, KeyError, TypeError, AssertionError):
         raise TrainingError(
             f"{run_dir} has no readable {BEST}: the run did not validate while training (set "
