@@ -679,3 +679,21 @@ def test_a_run_that_fails_as_it_starts_leaves_no_folder_behind(tmp_path):
     (tmp_path / "mine").mkdir()
     run_trainer(*args, "--out", str(tmp_path / "mine"), check=False)
     assert (tmp_path / "mine").is_dir()
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--nproc_per_node", "0"], "--nproc_per_node 0"),
+        (["--nproc_per_node", "-1"], "--nproc_per_node -1"),
+        (["--nproc_per_node", "abc"], "--nproc_per_node abc"),
+        (["--nnodes", "0"], "--nnodes 0"),
+        (["--nnodes", "3:2"], "--nnodes 3:2"),
+    ],
+)
+def test_the_launcher_checks_its_own_numbers_before_torchrun_sees_them(tmp_path, flags, said):
+    cmd = [sys.executable, "-m", "annotated.cli.launch", *flags, "-m", "annotated.cli.train",
+           "--config", "copy", "--out", str(tmp_path / "run")]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()

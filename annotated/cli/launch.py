@@ -15,6 +15,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun
+from torch.distributed.run import parse_args
 
 import annotated
 
@@ -31,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else argv)[:1] == ["--version"]:  # torchrun has none
         print(f"{sys.argv[0]} {annotated.__version__} (torchrun of PyTorch {torch.__version__})")
         return 0
+    problem = _unusable(sys.argv[1:] if argv is None else argv)
+    if problem:  # said here, not as torchrun's traceback
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="annotated-exits-") as folder:
         os.environ[EXIT_CODES] = folder  # inherited by every process torchrun starts
         try:
@@ -41,6 +46,25 @@ def main(argv: list[str] | None = None) -> int:
             rank, failure = e.get_first_failure()
             return _failed(_codes(Path(folder)), rank, failure.exitcode)
     return 0
+
+
+def _unusable(argv: list[str]) -> str | None:
+    """What is wrong with the numbers of processes and machines, which torchrun would only
+    find with a traceback; argparse's own errors end with its usage message and code 2."""
+    args = parse_args(argv)
+    n = str(args.nproc_per_node)
+    if n not in ("auto", "cpu", "gpu", "xpu") and not (n.isdigit() and int(n) >= 1):
+        return (f"--nproc_per_node {n}: give the number of processes on this machine, 1 or "
+                f"more (one per GPU), or auto, gpu or cpu.")  # fmt: skip
+    nodes = str(args.nnodes).split(":")
+    if (
+        len(nodes) > 2
+        or not all(p.isdigit() and int(p) >= 1 for p in nodes)
+        or (len(nodes) == 2 and int(nodes[0]) > int(nodes[1]))
+    ):
+        return (f"--nnodes {args.nnodes}: give the number of machines, 1 or more, or a range "
+                f"MIN:MAX with 1 <= MIN <= MAX.")  # fmt: skip
+    return None
 
 
 def _codes(folder: Path) -> dict[int, int]:
