@@ -4,6 +4,7 @@
 __all__ = [
     "LOCK_FILE",
     "atomic_path",
+    "output_path",
     "write_text_atomic",
     "check_writable",
     "refuse_link",
@@ -60,6 +61,19 @@ def atomic_path(path) -> Iterator[Path]:
     except BaseException:  # a failed write, a full disk, Ctrl-C: nothing half-written stays
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def output_path(path) -> Iterator[Path]:
+    """Where to write an output the reader named: `path` itself when it is a device, a pipe or
+    a link (`/dev/null`, `/dev/stdout`, a link of the reader's), which a rename would replace
+    with a file; otherwise `atomic_path`'s temporary path beside it."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file() and not path.is_dir()):
+        yield path  # written through: the device, the pipe, the file the link points to
+        return
+    with atomic_path(path) as tmp:
+        yield tmp
 
 
 # %% ../notebooks/A1_files_and_locks.ipynb #c007

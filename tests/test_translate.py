@@ -266,3 +266,26 @@ def test_translate_streams_without_select_as_on_windows(checkpoint):
 def test_threads_below_one_or_not_a_number_are_refused(checkpoint, threads):
     done = cli("--checkpoint", checkpoint[-1], "--threads", threads)
     assert done.returncode == 2 and b"--threads" in done.stderr
+
+
+def test_an_output_that_is_a_device_or_a_link_is_written_through(checkpoint, tmp_path):
+    """--output /dev/null stays the device; --output LINK writes the file the link points to and
+    leaves the link a link (a rename would have replaced either with a regular file)."""
+    import os
+    import stat
+    from pathlib import Path
+
+    device = Path("/dev/null")
+    if os.geteuid() == 0:  # root could replace /dev/null itself: a null device of the test's own
+        device = tmp_path / "null"
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    r = cli("--checkpoint", checkpoint[-1], "--output", device, stdin=b"3 4\n5 6\n")
+    assert r.returncode == 0, r.stderr.decode()
+    assert stat.S_ISCHR(os.stat(device).st_mode)  # still the device, not a file of translations
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("old")
+    link.symlink_to(target)
+    r = cli("--checkpoint", checkpoint[-1], "--output", link, stdin=b"3 4\n5 6\n")
+    assert r.returncode == 0, r.stderr.decode()
+    assert link.is_symlink() and len(target.read_text().splitlines()) == 2
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

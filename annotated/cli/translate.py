@@ -29,7 +29,7 @@ from annotated.cli.epilogue import (
 from ..data.download import decode_lines
 from ..errors import DataError
 from ..evaluation.translation import load_model, translate
-from ..files import atomic_path, check_writable
+from ..files import check_writable, output_path
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-translate-c006
@@ -115,7 +115,7 @@ def _translate_all(args) -> None:
             for first, lines in _arriving(source):
                 write_out(_rows(first, _translated(args, model, tokenizer, lines, first, name)))
             return
-        with atomic_path(args.output) as tmp, open(tmp, "w", encoding="utf-8") as out:
+        with output_path(args.output) as tmp, open(tmp, "w", encoding="utf-8") as out:
             for first, lines in _arriving(source):  # renamed into place only when complete
                 out.writelines(
                     _rows(first, _translated(args, model, tokenizer, lines, first, name))
