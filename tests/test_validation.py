@@ -147,3 +147,26 @@ def test_best_json_names_a_checkpoint_of_its_own_run_or_nothing(tmp_path):
             best_checkpoint(own)
     (own / "best.json").write_text(json.dumps({"step": 40, "checkpoint": "ckpt_00000040.pt"}))
     assert best_checkpoint(own) == own / "checkpoints" / "ckpt_00000040.pt"
+
+
+def test_a_resumed_run_validates_what_ctrl_c_cut_short_and_rewrites_a_lost_best_json(
+    data, tmp_path
+):
+    """A run stopped while it validated a checkpoint (its record missing from the log) and
+    whose best.json was deleted: the resumed run validates that checkpoint first, and writes
+    best.json again from the log before anything is pruned."""
+    out = tmp_path / "run"
+    frozen = sets("optim.lr_factor=1e-9", "keep_last=1")  # the same BLEU at every validation
+    train(data, out, *STEPS, *frozen, *sets("max_steps=20"))
+    log = out / "metrics.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    cut = [line for line in lines if not ('"dev_bleu"' in line and '"step": 20' in line)]
+    assert len(cut) == len(lines) - 1  # the validation of step 20, as if Ctrl-C had stopped it
+    log.write_text("".join(cut))
+    (out / "best.json").unlink()
+    train(data, out, *STEPS, *frozen, *sets("max_steps=30"), "--resume")
+    dev = [r["step"] for r in read_metrics(log)[0] if "dev_bleu" in r]
+    assert dev == [10, 20, 30], dev
+    best = json.loads((out / "best.json").read_text())
+    assert best["checkpoint"] == "ckpt_00000010.pt"  # the first of equal scores, kept from pruning
+    assert (out / "checkpoints" / "ckpt_00000010.pt").is_file()

@@ -279,6 +279,8 @@ def _train_locked(
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]  # batches change shape from step to step
     log = Progress(out, cfg, run.step, run.seconds, writes=rank == 0, bar=progress, board=board)
     dev = Validator.of(cfg, out, run.task.tokenizer, log) if rank == 0 else None
+    if dev is not None:
+        dev.catch_up(run.model, run.step, log)  # a validation that Ctrl-C cut short, done now
     batches = run_batches(run, rank, device, cfg.max_steps)
     last_path, loss, run_tokens, last_time = None, None, 0, time.time()
     earlier = run.seconds  # what a resumed run had trained before

@@ -24,6 +24,7 @@ import torch
 from annotated.training.checkpoints import (
     CHECKPOINT_NAME,
     all_finite,
+    checkpoint_name,
     diverged,
     rng_state,
     save_checkpoint,
@@ -86,6 +87,9 @@ class Validator:
         for record in records:
             if "dev_bleu" in record:
                 self._note(record)
+        self.validated = {r["step"] for r in records if "dev_bleu" in r}
+        if self.best is not None and best_step(out) != (self.best["step"],):
+            self._keep(self.best)  # best.json lost or damaged: written again from the log
 
     @classmethod
     def of(cls, cfg: TrainConfig, out: Path, tokenizer, log) -> "Validator | None":
@@ -99,12 +103,23 @@ class Validator:
         self.since += 1
         return False
 
+    def _keep(self, record: dict) -> None:
+        best = {**record, "checkpoint": checkpoint_name(record["step"])}
+        write_text_atomic(self.out / BEST, json.dumps(best, indent=1) + "\n")
+
     def after_checkpoint(self, model, step: int, checkpoint: Path, log) -> None:
         record = {"step": step, **validate(model, self.tokenizer, self.pairs)}
         log.note(record)
+        self.validated.add(step)
         if self._note(record):
-            best = {**record, "checkpoint": checkpoint.name}
-            write_text_atomic(self.out / BEST, json.dumps(best, indent=1) + "\n")
+            self._keep(record)
+
+    def catch_up(self, model, step: int, log) -> None:
+        """A resumed run validates the checkpoint it resumed from, if a Ctrl-C or a kill ended
+        the run while that checkpoint was being validated."""
+        checkpoint = self.out / "checkpoints" / checkpoint_name(step)
+        if step > 0 and step not in self.validated and checkpoint.is_file():
+            self.after_checkpoint(model, step, checkpoint, log)
 
     def stop_early(self) -> bool:
         """Has dev BLEU not improved for `patience` validations? Says so when it has."""
