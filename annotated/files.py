@@ -11,6 +11,7 @@ __all__ = [
     "open_in_place",
     "hold_lock",
     "lock_out_dir",
+    "check_lock",
     "lock_holder",
 ]
 
@@ -222,7 +223,29 @@ def lock_out_dir(out: Path):
     handle.truncate(0)
     handle.write(f"pid {os.getpid()}")
     handle.flush()
+    _LOCKS[out.resolve()] = handle
     return handle
+
+
+_LOCKS: dict = {}  # run folder -> the open lock file of this process's trainer there
+
+
+def check_lock(out: Path) -> None:
+    """Raise a TrainingError if out/trainer.lock, which this process locked, was deleted or
+    replaced since: it no longer keeps another trainer out, and one may have started there."""
+    handle = _LOCKS.get(Path(out).resolve())
+    if handle is None or handle.closed:
+        return
+    try:
+        same = os.path.samestat(os.fstat(handle.fileno()), os.stat(Path(out) / LOCK_FILE))
+    except OSError:
+        same = False
+    if not same:
+        raise TrainingError(
+            f"{Path(out) / LOCK_FILE} was deleted or replaced while this trainer ran, so it no "
+            f"longer keeps another trainer out of {out}; this one stops without writing another "
+            f"checkpoint. Make sure no other trainer runs there, then continue with --resume."
+        )
 
 
 def lock_holder(out: Path) -> str | None:

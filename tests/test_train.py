@@ -697,3 +697,26 @@ def test_the_launcher_checks_its_own_numbers_before_torchrun_sees_them(tmp_path,
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_trainer_whose_lock_file_is_deleted_stops_before_its_next_checkpoint(tmp_path):
+    """trainer.lock deleted while a trainer runs no longer keeps a second trainer out: the
+    first notices at its next checkpoint and stops with a message, writing nothing more."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "annotated.cli.train", "--no-progress", "--config", "copy",
+           *TINY, *sets("max_steps=100000", "checkpoint_every=5"), "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list((out / "checkpoints").glob("ckpt_*.pt")):  # the first checkpoint
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        written = set((out / "checkpoints").glob("ckpt_*.pt"))
+        (out / "trainer.lock").unlink()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2 and "trainer.lock was deleted or replaced" in err, err[-2000:]
+    later = set((out / "checkpoints").glob("ckpt_*.pt")) - written
+    assert len(later) <= 1  # at most the checkpoint being written as the lock was deleted

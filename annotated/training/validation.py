@@ -35,7 +35,7 @@ from ..batching import BOS, EOS, make_batch
 from ..bleu import sacrebleu_score
 from ..decoding import greedy_decode, sequence_log_prob
 from ..errors import ConfigError, TrainingError
-from ..files import write_text_atomic
+from ..files import check_lock, write_text_atomic
 from .config import TrainConfig
 from .registry import TASKS
 
@@ -151,6 +151,7 @@ def best_checkpoint(run_dir: Path) -> Path:
 def checkpoint_run(out: Path, run, cfg, world: int, dev=None, log=None) -> Path:
     """Save `run` (chapter 6f's Run) at its step, keeping the best checkpoint from pruning, then
     validate it when `dev`, chapter 6h's Validator, is given."""
+    check_lock(out)  # the folder is still this trainer's alone (appendix A1)
     if not all_finite(run.model):  # never checkpoint a broken state
         raise diverged(out, run.step, "its update left inf or NaN in the weights")
     data = {"task": cfg.task, "next_step": run.step, "micro_batches_per_step": run.accum * world}
