@@ -34,7 +34,7 @@ book/vendor/MANIFEST.json: book/package.json book/package-lock.json tools/vendor
 		book/js/*.js $(wildcard book/translator/*)
 	$(PY) tools/vendor_js.py
 
-# The live translator's model (chapter 9c), committed in book/translator: RUN's kept checkpoints,
+# The live translator's model (chapter 14), committed in book/translator: RUN's kept checkpoints,
 # averaged and exported to ONNX, with RESULTS' scores of exactly those checkpoints.
 RUN ?= runs/multi30k-cpu
 RESULTS ?= results/multi30k-cpu
@@ -71,13 +71,13 @@ lint: install              ## ruff on all the code, notebooks included; mypy on 
 
 # The notebooks once more, under another CPU's kernels (tools/other_cpu.py) and two threads each,
 # two notebooks at a time. Threads that wait for work sleep (OMP_WAIT_POLICY=PASSIVE) rather than
-# spin, so that four of them share two cores without slowing each other down. Chapter 9b is left
+# spin, so that four of them share two cores without slowing each other down. Chapter 13 is left
 # out: it trains for minutes, and what its run prints is not compared (nbval-ignore-output).
 other-cpu: install         ## the notebooks again under other CPU kernels and 2 threads (CI runs this too)
 	@echo "other CPU: $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2"
 	env $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE \
 		$(PY) -m pytest -n 2 --dist loadfile --durations=10 notebooks/ \
-		--deselect notebooks/09b_multi30k_results.ipynb
+		--deselect notebooks/13_multi30k_results.ipynb
 
 export: install            ## after editing a notebook: regenerate annotated/
 	$(PY) tools/export.py

@@ -1,4 +1,4 @@
-"""What chapter 9's CPU profile gives in five minutes of training on each kind of CPU: the steps it
+"""What chapter 11's CPU profile gives in five minutes of training on each kind of CPU: the steps it
 fits, the precision the trainer's `auto` chose, and the test2016 score of its averaged last
 checkpoints (beam 4, alpha 0.6).
 

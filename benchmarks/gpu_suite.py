@@ -6,8 +6,8 @@
 Parts, each run in its own process so that one failure does not hide the others:
 - tests: the CUDA tests (tests/test_cuda.py) and the trainer's tests, which run on the GPU when
   there is one;
-- multi30k: the GPU profile of chapter 9 trained (eight minutes at most) and scored as chapter
-  9b scores it, into --multi30k-results (needs the Multi30k files, e.g. under ANNOTATED_DATA);
+- multi30k: the GPU profile of chapter 11 trained (eight minutes at most) and scored as chapter
+  13 scores it, into --multi30k-results (needs the Multi30k files, e.g. under ANNOTATED_DATA);
 - base, big: the training-step benchmark at 25,000 target tokens per step in bf16, every fast-path
   stage against the reference and torch.nn.Transformer, with and without torch.compile; then beam-4
   decoding (cached and uncached), reported in sentences per second;

@@ -1,4 +1,4 @@
-"""Table 1 measured (chapter 5b): multiply-adds, activation memory and time of one
+"""Table 1 measured (chapter 6): multiply-adds, activation memory and time of one
 self-attention, recurrent (LSTM) and convolutional layer as the sequence length n grows past
 the width d, on one device. Writes a JSON file with provenance and the chapter's figure.
 

@@ -1,7 +1,7 @@
 """Time training steps of the reference path, each stage of the fast path, and torch.nn.Transformer,
 in one run on the same batches; then time cached against uncached beam search.
 
-    python benchmarks/train_step.py                              # Multi30k CPU sizes (chapter 9)
+    python benchmarks/train_step.py                              # Multi30k CPU sizes (chapter 11)
     python benchmarks/train_step.py --quick                      # seconds, for CI
     python benchmarks/train_step.py --preset base --tokens 25000 # the paper's base model (GPU)
     python benchmarks/train_step.py --json results/benchmarks/cpu-multi30k-small.json
@@ -117,7 +117,7 @@ def _preset(config: str, vocab: int, tokens: int, **more) -> dict:
 
 PRESETS = {  # vocabulary, the model's sizes, post-norm (paper) or pre-norm, target tokens per step
     "quick": dict(vocab=500, N=1, d_model=64, d_ff=128, h=4, norm_first=False, tokens=400),
-    # chapter 9's multi30k-small (the CPU profile's width, 3 layers); batches of about 1,740 tokens
+    # chapter 11's multi30k-small (the CPU profile's width, 3 layers); batches of about 1,740 tokens
     "multi30k-small": _preset("multi30k-small", 8000, 1750),
     "base": _preset("wmt14-base", 37000, 25000),
     "big": _preset("wmt14-big", 37000, 25000),

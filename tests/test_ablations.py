@@ -1,4 +1,4 @@
-"""Chapter 9d: Table 3's rows as overrides of multi30k-small, trained and scored by one
+"""Chapter 15: Table 3's rows as overrides of multi30k-small, trained and scored by one
 command. The sweep here runs the `ci` grid for a few steps; the data is the local copy that
 ANNOTATED_DATA names (CI's ../shared/data)."""
 

@@ -1,4 +1,4 @@
-"""Chapter 12: where translations fail (length and rarity groups, per-group BLEU, numbers)."""
+"""Chapter 26: where translations fail (length and rarity groups, per-group BLEU, numbers)."""
 
 import pytest
 

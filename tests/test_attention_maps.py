@@ -1,4 +1,4 @@
-"""Chapter 9c: attention maps recorded by hooks on the model's own layers.
+"""Chapter 14: attention maps recorded by hooks on the model's own layers.
 
 The recorded weights must be the ones each layer used: they equal torch.nn.MultiheadAttention's
 per-head weights for the same parameters and inputs, and they rebuild the layer's output.

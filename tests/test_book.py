@@ -133,16 +133,10 @@ LIMITS = {"chapter_minutes": 12, "chapter_lines": 250, "path_minutes": 90}
 def reading_minutes_and_lines(notebook: dict) -> tuple[float, int]:
     """Minutes of prose (words of the markdown cells as rendered: fenced code and HTML tags
     left out, at 230 a minute) and exported lines (non-blank lines of `#| export` cells, the
-    directives left out)."""
-    words = lines = 0
-    for cell in notebook["cells"]:
-        text = "".join(cell["source"])
-        if cell["cell_type"] == "markdown":
-            prose = re.sub(r"```.*?```", "", text, flags=re.S)
-            words += len(re.sub(r"<[^>]+>", "", prose).split())  # as rendered: no HTML tags
-        elif cell["cell_type"] == "code" and re.search(r"^#\|\s*export", text, re.M):
-            lines += sum(1 for s in text.splitlines() if s.strip() and not s.startswith("#|"))
-    return words / WORDS_PER_MINUTE, lines
+    directives left out): tools/path_report.py's count, one copy."""
+    import path_report
+
+    return path_report.minutes_and_lines(notebook)
 
 
 def test_reading_time_is_measured_as_documented():
@@ -180,7 +174,7 @@ def test_the_papers_path_reads_in_one_sitting():
 # Where the paper's path stands on its own (tools/path_report.py): imports of names that a later
 # chapter defines, and mentions of a later chapter outside the closing "where this goes next".
 # Both only go down: each restructure lowers the limit to what it reached (the goal is 0).
-STANDS_ALONE = {"forward_imports": 64, "forward_references": 77}
+STANDS_ALONE = {"forward_imports": 63, "forward_references": 68}
 
 
 def test_the_papers_path_stands_alone():
@@ -196,21 +190,47 @@ def test_the_papers_path_stands_alone():
         assert total <= limit, f"{key}: {total} on the path (at most {limit}): {worst}"
 
 
-def test_the_path_report_finds_forward_imports_and_references(tmp_path, monkeypatch):
+def test_chapters_are_numbered_in_reading_order_and_mentioned_as_links():
+    """Each chapter's title starts with its number, the numbers rise in the table of contents'
+    order (the appendix's letters after them), and on the paper's path every mention of a
+    chapter by its number is a link to it."""
+    import path_report
+
+    numbers = []
+    for nb in path_report.reading_order():
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        title = next("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        label = path_report.label(nb)
+        assert title.startswith(f"# {label}. "), (nb.name, title.splitlines()[0])
+        numbers.append(label)
+    reading = [n for n in numbers if not n.startswith("A")]
+    assert [int(n) for n in reading] == list(range(len(reading))), numbers
+    appendix = numbers[len(reading) :]
+    assert all(n.startswith("A") for n in appendix) and appendix == sorted(appendix), numbers
+    unlinked = {r["chapter"]: r["unlinked"] for r in path_report.report() if r["unlinked"]}
+    assert not unlinked, unlinked
+
+
+def test_the_path_report_finds_forward_imports_and_references():
     """A chapter that imports a later chapter's name and mentions a later chapter is counted;
     the same mention inside its closing "where this goes next" section is not."""
     import path_report
 
     notebook = {
         "cells": [
-            {"cell_type": "markdown", "source": ["As chapter 9b shows, and Figure 7a.1 too.\n"]},
+            {"cell_type": "markdown", "source": ["As chapter 13 shows, and Figure 9.1 too.\n"]},
             {"cell_type": "code", "source": ["from annotated.fast import make_fast\n"]},
-            {"cell_type": "markdown", "source": ["## Where this goes next\n", "Chapter 9d.\n"]},
+            {"cell_type": "markdown", "source": ["## Where this goes next\n", "Chapter 15.\n"]},
         ]
     }
-    assert path_report.mentions(notebook) == ["9b", "7a"]
+    assert path_report.mentions(notebook) == ["13", "9"]
     assert path_report.imports_of(notebook) == [("fast", "make_fast")]
-    assert path_report.defining_chapters()["fast", "make_fast"] == "06b_fast_path"
+    assert path_report.defining_chapters()["fast", "make_fast"] == "16_fast_path"
+    assert path_report.unlinked(notebook) == ["chapter 13", "Chapter 15"]
+    linked = {
+        "cells": [{"cell_type": "markdown", "source": ["[chapter 4](04_x.ipynb), `chapter 5`"]}]
+    }
+    assert path_report.unlinked(linked) == []
 
 
 def chapter_label(nb: Path) -> str:
@@ -436,7 +456,7 @@ def test_every_figure_in_prose_is_a_filled_glue_span():
             stale.append(f"{path.name}: run `python tools/glue_prose.py {path.relative_to(ROOT)}`")
     assert not roles, roles
     assert not stale, stale
-    assert {"05_", "06b", "09_", "09b", "10_", "11_", "12_"} <= citing, citing
+    assert {"05_", "16_", "11_", "13_", "24_", "25_", "26_"} <= citing, citing
 
 
 def test_the_publishing_workflow_builds_the_book_and_deploys_it():

@@ -1,5 +1,5 @@
-"""One owner of checkpoints (chapter 6e): their names, their one reader, run identity; and the
-one tokenizer check (chapter 8) that every pairing of ids with a tokenizer goes through."""
+"""One owner of checkpoints (chapter 19): their names, their one reader, run identity; and the
+one tokenizer check (chapter 23) that every pairing of ids with a tokenizer goes through."""
 
 import sys
 from pathlib import Path

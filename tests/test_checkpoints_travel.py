@@ -1,4 +1,4 @@
-"""A checkpoint carries its tokenizer (chapter 6e): it translates on a machine that has neither
+"""A checkpoint carries its tokenizer (chapter 19): it translates on a machine that has neither
 the data it was trained on nor a cache, and an altered or older checkpoint gets a message."""
 
 import os

@@ -1,4 +1,4 @@
-"""Chapter 5b: Table 1 measured. Counted work and memory follow the table; the toy task shows
+"""Chapter 6: Table 1 measured. Counted work and memory follow the table; the toy task shows
 each layer type's reach."""
 
 import json

@@ -1,4 +1,4 @@
-"""Configurations in files (chapter 6d): `--print-config` writes one, `--config FILE` reads it back
+"""Configurations in files (chapter 18): `--print-config` writes one, `--config FILE` reads it back
 to the same run, and a file with a mistake is refused with its name."""
 
 import json

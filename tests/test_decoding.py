@@ -1,4 +1,4 @@
-"""Beam search, incremental decoding, checkpoint averaging and BLEU (chapter 7)."""
+"""Beam search, incremental decoding, checkpoint averaging and BLEU (chapter 8)."""
 
 import itertools
 import json

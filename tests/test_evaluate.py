@@ -1,4 +1,4 @@
-"""Chapter 9b: scoring a run (averaged checkpoints, beam search, two BLEUs) and writing its
+"""Chapter 13: scoring a run (averaged checkpoints, beam search, two BLEUs) and writing its
 results."""
 
 import json

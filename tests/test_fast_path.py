@@ -1,4 +1,4 @@
-"""The fast path (chapter 6b) computes the reference function: fused attention and projections, the
+"""The fast path (chapter 16) computes the reference function: fused attention and projections, the
 fused label-smoothed loss, and FastDropout (which differs from nn.Dropout only in its random
 bits)."""
 

@@ -1,4 +1,4 @@
-"""The live translator of chapter 9c, in the built book, opened from disk in Debian's Chromium with
+"""The live translator of chapter 14, in the built book, opened from disk in Debian's Chromium with
 every request outside the book's files refused.
 
 * It translates the 1,000 sentences of test2016 as `translate` does (book/translator/reference.json,
@@ -32,7 +32,7 @@ playwright = pytest.importorskip("playwright.sync_api")
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "book" / "translator"
-PAGE = "notebooks/09c_attention_maps.html"
+PAGE = "notebooks/14_attention_maps.html"
 TWENTY_WORDS = (
     "A young woman in a long red dress and a black hat walks her small white dog along the street."
 )

@@ -1,4 +1,4 @@
-"""Multi30k as a trainer task (chapter 9): framing of sources and targets, batches, translate."""
+"""Multi30k as a trainer task (chapter 11): framing of sources and targets, batches, translate."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""A corpus of your own (chapter 13): checked inputs, chapter 10's pipeline with a manifest, the
+"""A corpus of your own (chapter 27): checked inputs, chapter 24's pipeline with a manifest, the
 `parallel` task through the command lines, and the messages for bad input."""
 
 import json

@@ -1,4 +1,4 @@
-"""The background data path (chapter 6g): batches built ahead in a thread, in order, with errors
+"""The background data path (chapter 21): batches built ahead in a thread, in order, with errors
 handed to the training loop and the waiting time counted."""
 
 import json

@@ -1,4 +1,4 @@
-"""The registry (chapter 6d): every named configuration in one table, each task found by the name
+"""The registry (chapter 18): every named configuration in one table, each task found by the name
 of its module and imported only then, and each configuration rule with one message."""
 
 import json
@@ -156,7 +156,7 @@ def test_every_model_the_book_trains_is_the_papers_post_norm_arrangement():
 
 
 def test_the_gpu_profile_is_the_post_norm_recipe_measured_on_a_gpu():
-    """multi30k (chapter 9): the paper's post-norm arrangement at 3 layers of width 256, section
+    """multi30k (chapter 11): the paper's post-norm arrangement at 3 layers of width 256, section
     5.3's schedule with 1,000 warm-up steps (a peak of 2.0e-3), dropout 0.3 and fairseq's IWSLT
     batches of 4,096 tokens, for at most 8 minutes: the settings of round 2's best trial
     (results/multi30k-gpu-sweep), so that one call of a lent GPU trains and scores it."""

@@ -527,7 +527,7 @@ def kept_steps(cfg, seconds_per_step: float, monkeypatch) -> list[int]:
 
 
 def test_the_averaged_window_is_the_papers_where_a_base_step_takes_under_0_43_s(monkeypatch):
-    """Chapter 11's statement: wmt14-base keeps checkpoints 1,400 steps apart (the last gap
+    """Chapter 25's statement: wmt14-base keeps checkpoints 1,400 steps apart (the last gap
     600), unless 10 minutes pass between two of them; then the window is shorter, and
     checkpoint_minutes=0 restores it."""
     cfg = build_config("wmt14-base")

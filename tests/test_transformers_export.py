@@ -30,7 +30,7 @@ from annotated.deploy.transformers_model import (  # noqa: E402
     marian_order,
 )
 
-RESULTS = {  # the parts of a results.json (chapter 9) that the model card shows
+RESULTS = {  # the parts of a results.json (chapter 11) that the model card shows
     "provenance": {"evaluation_command": "python -m annotated.cli.evaluate --run RUN"},
     "training": {"steps": 200},
     "evaluation": {"tests": {"test2016": {"sentences": 1000, "sacrebleu": 1.234,

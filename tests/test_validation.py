@@ -1,4 +1,4 @@
-"""Validation while training (chapter 6h): the dev loss and BLEU logged at every checkpoint, the
+"""Validation while training (chapter 22): the dev loss and BLEU logged at every checkpoint, the
 best checkpoint kept and used, early stopping, and a resumed run that stays exact."""
 
 import json

@@ -74,7 +74,7 @@ def test_bucket_sampler_respects_both_limits_and_covers_every_pair_once():
 
 
 def test_the_longer_side_fills_the_budget_and_the_other_holds_fewer():
-    """Chapter 11's statement: whichever side fills first closes a micro-batch. With targets
+    """Chapter 25's statement: whichever side fills first closes a micro-batch. With targets
     about a fifth longer than their sources, the targets come close to the budget and the
     sources hold correspondingly fewer tokens; neither side ever exceeds it."""
     rng = np.random.default_rng(1)

@@ -1,5 +1,5 @@
 """Our tokenized BLEU against the Perl pipelines it reproduces (tools/moses_bleu.sh), on the
-translations the book scores: the published OPUS-MT output for newstest2014 and chapter 9b's GPU
+translations the book scores: the published OPUS-MT output for newstest2014 and chapter 13's GPU
 run on Multi30k test2016. Writes one JSON file with both sides' statistics and the provenance.
 
     python tools/bleu_vs_moses.py --moses DIR [--moses DIR ...] --json FILE
@@ -29,7 +29,7 @@ CASES = {  # name -> (hypotheses, references), relative to the repository and th
         "$DATA/published_outputs/opus-mt-eng-deu-opus+bt-2021-04-13.newstest2014.de",
         "$DATA/wmt14_en_de_newstest/newstest2014.de",
     ),
-    "Multi30k test2016, chapter 9b's GPU run": (
+    "Multi30k test2016, chapter 13's GPU run": (
         "results/multi30k/test2016.hyp",
         "$DATA/multi30k/task1/raw/test_2016_flickr.de.gz",
     ),

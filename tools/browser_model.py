@@ -1,4 +1,4 @@
-"""The live translator's model (chapter 9c): a trained run's kept checkpoints, averaged and exported
+"""The live translator's model (chapter 14): a trained run's kept checkpoints, averaged and exported
 to ONNX (appendix A5) into book/translator/, with the vocabulary's pieces and where it came from.
 
     python tools/browser_model.py --run runs/multi30k-cpu --results results/multi30k-cpu

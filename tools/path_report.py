@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORDS_PER_MINUTE = 230
 PATH_PARTS = 4  # the paper's path: the first four parts of the table of contents
 CLOSING = re.compile(r"^#+ *Where this goes next", re.I | re.M)
-# "chapter 6b", "chapters 6c to 6h", "chapters 7 and 7a"; the book's "Figure 5b.1" (the
+# "chapter 16", "chapters 17 to 22", "chapters 8 and 9"; the book's "Figure 6.1" (the
 # paper's figures, "Figure 1", have no dot)
 ONE = r"A?\d{1,2}[a-h]?"
 MENTION = re.compile(
@@ -130,8 +130,8 @@ UNLINKED = re.compile(rf"\b[Cc]hapters?\s+{ONE}\b")
 
 
 def unlinked(notebook: dict) -> list[str]:
-    """Mentions of a chapter by its number in the prose that are not links: "chapter 6" where
-    "[chapter 6](06_...ipynb)" belongs (code, inline code and glue spans aside)."""
+    """Mentions of a chapter by its number in the prose that are not links: "chapter 7" where
+    "[chapter 7](06_...ipynb)" belongs (code, inline code and glue spans aside)."""
     found = []
     for cell in notebook["cells"]:
         if cell["cell_type"] == "markdown":

@@ -8,7 +8,7 @@ Runs with ANNOTATED_BOOK=1, as the book build does, so that charts are stored in
 book renders offline. `--jobs N` runs N notebooks at once (default: one per core, at most
 four), each kernel with its share of the cores as OMP_NUM_THREADS. The longest notebooks of
 the last run start first (their times are kept in `_build/notebook-seconds.json`),
-and a notebook whose metadata says `"book": {"after": ["09b_multi30k_results"]}` starts only
+and a notebook whose metadata says `"book": {"after": ["13_multi30k_results"]}` starts only
 when that one has finished, because it reads what that one trained.
 Each notebook is written to a temporary file and renamed, so an interrupted run never leaves a
 half-written notebook behind; a notebook that fails is reported with its error and the others

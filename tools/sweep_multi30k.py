@@ -1,4 +1,4 @@
-"""The sweeps that chose chapter 9's Multi30k profiles. Each trial trains a profile with some
+"""The sweeps that chose chapter 11's Multi30k profiles. Each trial trains a profile with some
 settings changed, then translates test2016 with beam 4 from the average of its kept checkpoints.
 
     python tools/sweep_multi30k.py --trials bf16,bf16-lr1          # CPU profile, two trials
@@ -87,7 +87,7 @@ TRIALS = {
     "post-lr0.5": ["optim.warmup=200", "optim.lr_factor=0.5"],
     "post-w800": [],
 }
-# name -> the --set overrides applied to `multi30k`, the GPU profile (chapter 9b). Its earlier
+# name -> the --set overrides applied to `multi30k`, the GPU profile (chapter 13). Its earlier
 # recipe (the base model, 12,000-token batches, peak learning rate 1.4e-3 after 1,000 warm-up
 # steps) collapsed with post-norm; round 1 lowers the peak, lengthens the warm-up, clips
 # gradients, lowers dropout. Each trial names the model it trains, so that it still means what it
@@ -278,7 +278,7 @@ def main() -> int:
     trials, folder = SWEEPS[args.config]
     if args.list or not args.trials:
         for name, overrides in trials.items():
-            print(f"{name:20} {' '.join(overrides) or '(chapter 9 as it is)'}")
+            print(f"{name:20} {' '.join(overrides) or '(chapter 11 as it is)'}")
         return 0
     names = args.trials.split(",")
     unknown = [n for n in names if n not in trials]

@@ -9,7 +9,7 @@ sha256 sums. The built book serves them from its own `_static/` folder, so it re
 The folder is deliberately not called `_static`: jupyter-book would add every .js file in a
 `_static` folder to every page, and MathJax would load twice.
 
-The live translator of chapter 9c must work from a page opened as a file (file://), where the
+The live translator of chapter 14 must work from a page opened as a file (file://), where the
 browser refuses to fetch files and to load JavaScript modules. So everything it needs arrives
 through plain <script> tags, and binary files travel inside scripts as base64 text: ONNX
 Runtime's WebAssembly binary and its loader (`translator/ort-runtime.js`), SentencePiece bundled

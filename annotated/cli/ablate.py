@@ -4,7 +4,7 @@
 __all__ = ["main"]
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-ablate-c009c
-# `python -m annotated.cli.ablate`: train and score the rows of Table 3 on Multi30k (chapter 9d).
+# `python -m annotated.cli.ablate`: train and score the rows of Table 3 on Multi30k (chapter 15).
 import re
 import sys
 from pathlib import Path

@@ -90,7 +90,7 @@ def add_compute_options(ap: argparse.ArgumentParser, device: bool = True) -> Non
 
 def add_import_option(ap: argparse.ArgumentParser) -> None:
     """--import MODULE: a task of your own, imported before any checkpoint is read, since a
-    checkpoint or run.json never imports the module it names (chapter 6d)."""
+    checkpoint or run.json never imports the module it names (chapter 18)."""
     ap.add_argument(
         "--import", dest="imports", action="append", default=[], metavar="MODULE",
         help="import this module first: the task of your own that the checkpoints were "

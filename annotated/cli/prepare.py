@@ -55,7 +55,7 @@ def _tokenizer_of(path: Path) -> Tokenizer:
     if (path / "run.json").is_file():
         newest = checkpoint_paths(path)[-1:]
         carried = carried_tokenizer(load_checkpoint(newest[0]), newest[0]) if newest else None
-        if carried is not None:  # the tokenizer the run's checkpoints carry (chapter 6e)
+        if carried is not None:  # the tokenizer the run's checkpoints carry (chapter 19)
             return carried
         fix = "give --tokenizer the run's tokenizer .model file or a prepared folder instead"
         record = read_json(path / "run.json", fix)

@@ -62,7 +62,7 @@ class DecoderStepGraph(nn.Module):
             mine = KVCache(grow=True)
             mine.k, mine.v = k, v  # (rows, h, t, d_k): grows by one position in the call
             cache.append((mine, KVCache(grow=False)))
-        with kv_caches(self.model, cache):  # chapter 7: the attentions read and extend `cache`
+        with kv_caches(self.model, cache):  # chapter 8: the attentions read and extend `cache`
             out = self.model.decoder(x, memory, (src != PAD)[:, None, :], None)
         grown = [kv for mine, _ in cache for kv in (mine.k, mine.v)]
         looked = [layer.src_attn.attn[:, :, -1] for layer in self.model.decoder.layers]
@@ -158,7 +158,7 @@ token <s> (id 1). Both graphs keep their weights in `weights.bin` (keep it besid
 
 # %% ../../notebooks/A5_deploying.ipynb #a5-028
 class OnnxStepDecoder:
-    """What beam search asks of a decoder (chapter 7's StepDecoder), answered by ONNX Runtime."""
+    """What beam search asks of a decoder (chapter 8's StepDecoder), answered by ONNX Runtime."""
 
     def __init__(self, session, memory: np.ndarray, src: np.ndarray, config: dict):
         self.session, self.memory, self.src = session, memory, src

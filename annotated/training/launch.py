@@ -81,7 +81,7 @@ def _reader(stream, lines: list[str]) -> threading.Thread:
 # %% ../../notebooks/A4_launching.ipynb #a4-launch
 def _echo(records: list[dict], lines: list[str]) -> None:
     for r in records:
-        if "dev_bleu" in r:  # a validation (chapter 6h)
+        if "dev_bleu" in r:  # a validation (chapter 22)
             print(
                 f"step {r['step']:>7,}  dev loss {r['dev_loss']:.3f}  dev BLEU {r['dev_bleu']:.2f}"
             )

@@ -1,4 +1,4 @@
-/* The live translator of chapter 9c.
+/* The live translator of chapter 14.
  *
  * The CPU profile's model, exported to ONNX (appendix A5) by tools/browser_model.py, runs in the
  * page on ONNX Runtime Web. The search is chapter 7's beam search (annotated/decoding.py:
