@@ -18,7 +18,6 @@ __all__ = [
 # %% ../../notebooks/06_why_self_attention.ipynb #c002
 # Table 1 measured (paper section 4): what one self-attention, recurrent or convolutional layer
 # costs as the sequence grows, and how far apart two dependent tokens may be for each to learn.
-import statistics
 import time
 
 import torch
@@ -97,7 +96,8 @@ def saved_bytes(layer: nn.Module, x: Tensor) -> int:
 
 
 def step_seconds(layer: nn.Module, x: Tensor, repeats: int = 5) -> float:
-    """Median wall time of one forward and backward pass through `layer`."""
+    """Wall time of one forward and backward pass through `layer`: the fastest of `repeats`,
+    since a busy machine can only slow a pass down."""
     times = []
     for _ in range(repeats + 1):  # the first pass warms up and is not counted
         if x.device.type == "cuda":
@@ -107,7 +107,7 @@ def step_seconds(layer: nn.Module, x: Tensor, repeats: int = 5) -> float:
         if x.device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    return min(times[1:])
 
 
 def layer_costs(lengths, d: int, *, batch: int = 4, device="cpu", seed: int = 0) -> list[dict]:
