@@ -5,7 +5,9 @@
 
 Both cells are tagged `remove-cell`: the built book has launch buttons instead, and a badge
 image would be a request to another site. The setup cell does nothing outside Colab. On Colab
-it clones the repository named in `_config.yml`, installs the package without its
+it clones the repository named in `_config.yml`, the address where the book will be published
+(the repository is not on GitHub yet, so until then it uses a copy the reader has put in
+`~/annotated-transformer-book`, and clones nothing), installs the package without its
 dependencies, then installs the dependencies and the `book` extra except torch, so Colab's
 own CUDA build of torch stays; pip leaves alone whatever already satisfies a requirement. It
 then moves into the clone's `notebooks/` folder, so the chapters' relative paths work, and
@@ -32,6 +34,8 @@ if "google.colab" in sys.modules:
     import tomllib
     import torch
 
+    # Where the book will be published (repository.url in _config.yml). It is not on GitHub yet:
+    # until it is, put a copy of the repository in ~/annotated-transformer-book and this uses it.
     repository = "{url}"
     book = os.path.expanduser("~/annotated-transformer-book")
     if not os.path.isdir(book):
