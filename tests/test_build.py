@@ -193,3 +193,27 @@ def test_only_a_full_passing_run_of_the_suite_keeps_its_times():
     assert not _full_run(config(paths, keyword="cache"))  # pytest -k cache
     assert not _full_run(config(paths, markexpr="not slow"))
     assert not _full_run(config(paths, deselect=["notebooks/x.ipynb"]))
+
+
+RECORDED_TIMES = {  # the README's row -> (its record, the seconds field)
+    "`make install`": ("book-build/install-intel-r-xeon-r-processor.json", "wall_s"),
+    "`make book`, every chapter executed": ("book-build/intel-r-xeon-r-processor.json", "total_s"),
+    "`make book` again, after one chapter changed": (
+        "book-build/rebuild-intel-r-xeon-r-processor.json",
+        "wall_s",
+    ),
+    "`make test`": ("test-runs/make-test-intel-r-xeon-r-processor.json", "wall_s"),
+}
+
+
+def test_the_readmes_times_are_those_of_its_records():
+    """Each time in the README's table is its record's, in minutes to one decimal."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for row, (name, field) in RECORDED_TIMES.items():
+        record = json.loads((ROOT / "results" / name).read_text())
+        said = re.search(rf"^\| {re.escape(row)} \| ([\d.]+) \|$", readme, re.M)
+        assert said, f"the README has no row {row!r}"
+        assert float(said[1]) == round(record[field] / 60, 1), (row, record[field])
+        assert record["commit"] and (record.get("status", 0) == 0 or record.get("note")), name
