@@ -77,7 +77,7 @@ other-cpu: install         ## the notebooks again under other CPU kernels and 2 
 	@echo "other CPU: $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2"
 	env $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE \
 		$(PY) -m pytest -n 2 --dist loadfile --durations=10 notebooks/ \
-		--deselect notebooks/13_multi30k_results.ipynb
+
 
 export: install            ## after editing a notebook: regenerate annotated/
 	$(PY) tools/export.py

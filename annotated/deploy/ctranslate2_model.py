@@ -147,12 +147,21 @@ search may choose another hypothesis now and then. Greedy decoding (beam_size=1)
 
 # %% ../../notebooks/A5_deploying.ipynb #a5-017
 def ctranslate2_translate(
-    translator, tokenizer, sentences: list[str], *, beam_size=4, alpha=0.6, exact_limits=True
+    translator,
+    tokenizer,
+    sentences: list[str],
+    *,
+    beam_size=4,
+    alpha=0.6,
+    exact_limits=True,
+    patience=2,
 ) -> list[str]:
     """`translate` through CTranslate2: the same tokens in (a source ends with </s>). With
     `exact_limits`, each sentence may grow to its own n_src + 50 tokens, as in the book: sentences
     of one length share a call. Without, one call for all, limited by the longest source + 50, as
-    a CTranslate2 user would translate (faster; a sentence that never ends may run longer)."""
+    a CTranslate2 user would translate (faster; a sentence that never ends may run longer).
+    `patience`: CTranslate2 ends a search once beam_size * patience hypotheses have finished; the
+    book's ends when all beam_size hypotheses in its beam have, so 2 lets longer ones compete."""
     pieces = [
         tokenizer.sp.encode(s, out_type=str) + ["</s>"] if s.strip() else [] for s in sentences
     ]
@@ -167,6 +176,7 @@ def ctranslate2_translate(
             max_batch_size=128,
             beam_size=beam_size,
             length_penalty=alpha,
+            patience=patience,
             max_decoding_length=max(len(pieces[i]) for i in rows) + 50,
         )
         for i, r in zip(rows, results):
