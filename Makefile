@@ -71,8 +71,7 @@ lint: install              ## ruff on all the code, notebooks included; mypy on 
 
 # The notebooks once more, under another CPU's kernels (tools/other_cpu.py) and two threads each,
 # two notebooks at a time. Threads that wait for work sleep (OMP_WAIT_POLICY=PASSIVE) rather than
-# spin, so that four of them share two cores without slowing each other down. Chapter 13 is left
-# out: it trains for minutes, and what its run prints is not compared (nbval-ignore-output).
+# spin, so that four of them share two cores without slowing each other down.
 other-cpu: install         ## the notebooks again under other CPU kernels and 2 threads (CI runs this too)
 	@echo "other CPU: $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2"
 	env $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE \
