@@ -56,8 +56,10 @@ book: install              ## build the book into _build/html, executing every n
 	$(PY) tools/build_book.py $(if $(RECORD),--record $(RECORD)) $(if $(FORCE),--force)
 	@echo "The book is in _build/html/index.html"
 
+# The notebooks' kernels start under another CPU's kernels and two threads (conftest.py): each
+# notebook executes once, and a stored output that depends on this machine's kernels fails.
 test: install lint         ## every test: lint, unit tests, notebooks under nbval, packaging
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15
+	ANNOTATED_NOTEBOOK_CPU=other OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --durations=15
 
 # ruff with pyproject.toml's rules (line length 100, imports, likely bugs) and ruff's formatting, on
 # everything that holds code: the generated package, the notebooks, tools, tests and benchmarks;
@@ -69,14 +71,11 @@ lint: install              ## ruff on all the code, notebooks included; mypy on 
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy annotated
 
-# The notebooks once more, under another CPU's kernels (tools/other_cpu.py) and two threads each,
-# two notebooks at a time. Threads that wait for work sleep (OMP_WAIT_POLICY=PASSIVE) rather than
-# spin, so that four of them share two cores without slowing each other down.
-other-cpu: install         ## the notebooks again under other CPU kernels and 2 threads (CI runs this too)
-	@echo "other CPU: $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2"
-	env $$($(PY) tools/other_cpu.py) OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE \
-		$(PY) -m pytest -n 2 --dist loadfile --durations=10 notebooks/ \
-
+# Only the notebooks, as `make test` runs them: under another CPU's kernels (tools/other_cpu.py)
+# and two threads each, two notebooks at a time. Threads that wait for work sleep
+# (OMP_WAIT_POLICY=PASSIVE) rather than spin, so that four share two cores.
+other-cpu: install         ## only the notebooks, under another CPU's kernels and 2 threads, as make test runs them
+	ANNOTATED_NOTEBOOK_CPU=other $(PY) -m pytest -n 2 --dist loadfile --durations=10 notebooks/
 
 export: install            ## after editing a notebook: regenerate annotated/
 	$(PY) tools/export.py

@@ -217,3 +217,33 @@ def test_the_readmes_times_are_those_of_its_records():
         assert said, f"the README has no row {row!r}"
         assert float(said[1]) == round(record[field] / 60, 1), (row, record[field])
         assert record["commit"] and (record.get("status", 0) == 0 or record.get("note")), name
+
+
+def test_make_tests_notebook_kernels_run_on_another_cpus_kernels(tmp_path):
+    """With ANNOTATED_NOTEBOOK_CPU=other, as `make test` sets it, a notebook's kernel starts
+    under tools/other_cpu.py's settings and two threads (conftest.py); without it, under the
+    machine's own kernels. A cell's failed assertion fails its nbval item."""
+    import os
+    import subprocess
+
+    import torch
+    from other_cpu import settings
+
+    ignored = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "PYTEST_ADDOPTS")
+    env = {k: v for k, v in os.environ.items() if k not in ignored} | {"OMP_NUM_THREADS": "1"}
+
+    def nbval(mode: str, expected: tuple[str, str]) -> int:
+        code = "import os, torch\nfound = torch.backends.cpu.get_cpu_capability()\n"
+        code += f"assert (found, os.environ.get('OMP_NUM_THREADS')) == {expected!r}, found"
+        nb = notebook(tmp_path / f"{mode or 'own'}-{len(expected[0])}.ipynb", code)
+        command = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml")]
+        command += ["-p", "conftest", "-q", str(nb)]
+        run = dict(env, ANNOTATED_NOTEBOOK_CPU=mode)
+        result = subprocess.run(command, cwd=ROOT, env=run, capture_output=True, text=True)
+        assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
+        return result.returncode
+
+    other = settings()["ATEN_CPU_CAPABILITY"].upper()
+    assert nbval("other", (other, "2")) == 0
+    assert nbval("", (torch.backends.cpu.get_cpu_capability(), "1")) == 0
+    assert nbval("other", ("?", "2")) == 1  # the check fails when it should
