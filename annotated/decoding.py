@@ -205,7 +205,7 @@ def greedy_decode(
 
 
 # %% ../notebooks/09_beam_search.ipynb #c022b
-from .beam import Hypothesis, beam_search_core
+from .beam import ALPHA, BEAM_SIZE, EXTRA_LENGTH, Hypothesis, beam_search_core
 
 
 # %% ../notebooks/09_beam_search.ipynb #c023
@@ -217,8 +217,8 @@ def beam_search_hypotheses(
     max_len: int | None = None,
     start_symbol: int = 1,
     end_symbol: int = 2,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = BEAM_SIZE,
+    alpha: float = ALPHA,
     *,
     use_cache: bool = True,
     on_step=None,
@@ -238,7 +238,7 @@ def beam_search_hypotheses(
         )
     B, K = src.size(0), beam_size
     n_src = src_mask.reshape(B, -1).sum(-1)  # (B,) real source tokens
-    limits = n_src + 50 if max_len is None else torch.full_like(n_src, max_len - 1)
+    limits = n_src + EXTRA_LENGTH if max_len is None else torch.full_like(n_src, max_len - 1)
     limits = limits.masked_fill(n_src == 0, 0)  # empty source -> empty output
     with _eval_mode(model):
         memory = model.encode(src, src_mask).repeat_interleave(K, dim=0)  # (B*K, n_src, d_model)
@@ -256,14 +256,14 @@ def beam_search(
     max_len: int | None,
     start_symbol: int,
     end_symbol: int,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = BEAM_SIZE,
+    alpha: float = ALPHA,
     *,
     use_cache: bool = True,
 ) -> list[list[int]]:
     """The best hypothesis of each sentence: token ids without the start and end symbols.
 
-    Paper defaults: beam_size=4, alpha=0.6, max_len=None (source length + 50).
+    Paper defaults: BEAM_SIZE, ALPHA, max_len=None (source length + EXTRA_LENGTH).
     use_cache=False recomputes the whole prefix at every step (same result, slower).
     """
     symbols = (max_len, start_symbol, end_symbol, beam_size, alpha)

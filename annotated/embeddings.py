@@ -2,6 +2,7 @@
 
 # %% auto #0
 __all__ = [
+    "MAX_LEN",
     "Embeddings",
     "Generator",
     "sinusoidal_table",
@@ -44,6 +45,9 @@ class Generator(nn.Module):
 
 
 # %% ../notebooks/04_embeddings_and_positions.ipynb #c009
+MAX_LEN = 5000  # positions the tables hold by default: longer than any sentence here
+
+
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d_model)), PE[pos, 2i+1] = cos(...): (max_len, d_model)."""
     if d_model % 2 != 0:
@@ -69,7 +73,7 @@ def _check_length(n: int, max_len: int, what: str) -> None:
 class PositionalEncoding(nn.Module):
     """Adds the sinusoidal encoding to the embeddings, then dropout: (batch, n, d_model) -> same."""
 
-    def __init__(self, d_model: int, dropout: float, max_len: int = 5000):
+    def __init__(self, d_model: int, dropout: float, max_len: int = MAX_LEN):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         self.max_len = max_len
@@ -87,7 +91,7 @@ class PositionalEncoding(nn.Module):
 class LearnedPositionalEncoding(nn.Module):
     """Alternative to the sinusoid: one trained vector per position (paper Table 3, row E)."""
 
-    def __init__(self, d_model: int, dropout: float, max_len: int = 5000):
+    def __init__(self, d_model: int, dropout: float, max_len: int = MAX_LEN):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         self.max_len = max_len

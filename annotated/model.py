@@ -21,6 +21,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from annotated.embeddings import (
+    MAX_LEN,
     Embeddings,
     Generator,
     LearnedPositionalEncoding,
@@ -115,7 +116,7 @@ class ModelConfig:
     share_embeddings: bool = True  # three-way sharing (paper 3.4) when vocabularies match
     norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm
     learned_positions: bool = False  # False: sinusoid (paper 3.5); True: learned (Table 3 row E)
-    max_len: int = 5000  # longest sequence the positional table covers
+    max_len: int = MAX_LEN  # longest sequence the positional table covers
 
     def __post_init__(self) -> None:  # values that cannot build a model are refused at once
         refuse_broken(

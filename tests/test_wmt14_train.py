@@ -111,27 +111,20 @@ def test_automatic_accumulation_and_its_checks():
 
 
 def test_paper_configurations():
+    """The named WMT14 configurations are the paper's, as its text gives them (test_paper.py)."""
+    from test_paper import SECTION_5_3, SECTION_5_4, TABLE_3, said
+
     base, big, enfr = (build_config(n) for n in ("wmt14-base", "wmt14-big", "wmt14-enfr-big"))
-    assert (base.model.d_model, base.model.d_ff, base.model.h, base.model.dropout) == (
-        512,
-        2048,
-        8,
-        0.1,
-    )
-    assert (big.model.d_model, big.model.d_ff, big.model.h, big.model.dropout) == (
-        1024,
-        4096,
-        16,
-        0.3,
-    )
+    columns = ("d_model", "d_ff", "h", "P_drop")
+    for cfg, row in [(base, TABLE_3["base"]), (big, TABLE_3["big"])]:
+        m = cfg.model
+        assert (m.d_model, m.d_ff, m.h, m.dropout) == tuple(said(row, c) for c in columns)
     assert enfr.data.pair == "en-fr" and enfr.model.dropout == 0.1 and enfr.model.d_model == 1024
+    paper = [said(SECTION_5_3, "warmup_steps"), said(SECTION_5_4, "epsilon_ls")]
+    paper += [said(SECTION_5_3, "beta_2"), said(SECTION_5_3, "epsilon")]
     for c in (base, big, enfr):
-        assert (c.optim.warmup, c.loss.label_smoothing, c.optim.adam_beta2, c.optim.adam_eps) == (
-            4000,
-            0.1,
-            0.98,
-            1e-9,
-        )
+        ours = [c.optim.warmup, c.loss.label_smoothing, c.optim.adam_beta2, c.optim.adam_eps]
+        assert ours == paper
         assert c.batch.tokens_per_step == 25_000 and c.checkpoint_minutes == 10
         assert not c.model.norm_first  # post-norm, as in the paper
     assert (base.max_steps, base.keep_last, big.max_steps, big.keep_last) == (

@@ -20,6 +20,7 @@ from annotated.cli.epilogue import (
     use_threads,
 )
 
+from ..beam import ALPHA, BEAM_SIZE
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
 from ..files import LOCK_FILE, check_writable
 from ..training.checkpoints import checkpoint_step
@@ -51,8 +52,8 @@ def _parser() -> argparse.ArgumentParser:
         "valid_sentences), instead of averaging the last ones",
     )
     ap.add_argument("--limit", type=int, help="translate only the first N sentences of each set")
-    ap.add_argument("--beam", type=int, default=4)
-    ap.add_argument("--alpha", type=float, default=0.6)
+    ap.add_argument("--beam", type=int, default=BEAM_SIZE)
+    ap.add_argument("--alpha", type=float, default=ALPHA)
     add_compute_options(ap)
     add_import_option(ap)
     ap.add_argument(

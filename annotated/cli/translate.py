@@ -26,6 +26,7 @@ from annotated.cli.epilogue import (
     use_threads,
 )
 
+from ..beam import ALPHA, BEAM_SIZE
 from ..data.download import decode_lines
 from ..errors import DataError
 from ..evaluation.translation import load_model, translate
@@ -48,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="write this file, whole or not at all (default: standard output)",
     )
-    ap.add_argument("--beam", type=int, default=4, help="beam size (paper: 4)")
-    ap.add_argument("--alpha", type=float, default=0.6, help="length penalty (paper: 0.6)")
+    ap.add_argument("--beam", type=int, default=BEAM_SIZE, help="beam size (default: the paper's)")
+    ap.add_argument("--alpha", type=float, default=ALPHA, help="length penalty (the paper's)")
     ap.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
     ap.add_argument(
         "--nbest", type=int, default=0, metavar="N",

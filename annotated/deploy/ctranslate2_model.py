@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..beam import ALPHA, BEAM_SIZE, EXTRA_LENGTH
 from ..errors import ConfigError
 from ..files import atomic_path
 from ..layers import LAYER_NORM_EPS
@@ -132,16 +133,19 @@ def export_ctranslate2(model, tokenizer, out, *, quantization: str | None = None
     return out
 
 
-CT2_README = """# The Transformer of *Attention Is All You Need, annotated and tested*: CTranslate2
+CT2_README = f"""# The Transformer of *Attention Is All You Need, annotated and tested*: CTranslate2
 
     import ctranslate2, sentencepiece as spm
     sp, model = spm.SentencePieceProcessor("sentencepiece.model"), ctranslate2.Translator(".")
     print(sp.decode(model.translate_batch([sp.encode("A dog runs.", out_type=str) + ["</s>"]],
-                                          beam_size=4, length_penalty=0.6)[0].hypotheses[0]))
+                                          beam_size={BEAM_SIZE}, length_penalty={ALPHA},
+                                          patience=2)[0].hypotheses[0]))
 
 A source ends with `</s>`, as the model was trained. CTranslate2 divides a hypothesis's score
-by length ** length_penalty; the book divides by ((5 + length) / 6) ** 0.6 (GNMT), so beam
-search may choose another hypothesis now and then. Greedy decoding (beam_size=1) is the same.
+by length ** length_penalty; the book divides by ((5 + length) / 6) ** alpha (GNMT), so beam
+search may choose another hypothesis now and then. CTranslate2 ends a search once beam_size
+hypotheses have finished, the book's once all in its beam have: patience=2 (until twice as many
+have finished) brings the two far closer. Greedy decoding (beam_size=1) is the same.
 """
 
 
@@ -151,8 +155,8 @@ def ctranslate2_translate(
     tokenizer,
     sentences: list[str],
     *,
-    beam_size=4,
-    alpha=0.6,
+    beam_size=BEAM_SIZE,
+    alpha=ALPHA,
     exact_limits=True,
     patience=2,
 ) -> list[str]:
@@ -177,7 +181,7 @@ def ctranslate2_translate(
             beam_size=beam_size,
             length_penalty=alpha,
             patience=patience,
-            max_decoding_length=max(len(pieces[i]) for i in rows) + 50,
+            max_decoding_length=max(len(pieces[i]) for i in rows) + EXTRA_LENGTH,
         )
         for i, r in zip(rows, results):
             out[i] = tokenizer.sp.decode_pieces(r.hypotheses[0])

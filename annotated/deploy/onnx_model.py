@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..batching import BOS, EOS, PAD, make_batch
-from ..beam import beam_search_core
+from ..beam import ALPHA, BEAM_SIZE, EXTRA_LENGTH, beam_search_core
 from ..decoding import KVCache, kv_caches
 from ..fast import fused_attention
 from ..files import atomic_path
@@ -199,9 +199,11 @@ class OnnxTranslator:
             str(folder / "sentencepiece.model")
         )
 
-    def translate(self, sentences, *, beam_size=4, alpha=0.6, batch_size=128) -> list[str]:
+    def translate(
+        self, sentences, *, beam_size=BEAM_SIZE, alpha=ALPHA, batch_size=128
+    ) -> list[str]:
         encoded = {i: self.sp.encode(s) + [EOS] for i, s in enumerate(sentences) if s.strip()}
-        limit = self.config["max_len"] - 51  # room for the source and 50 more tokens
+        limit = self.config["max_len"] - EXTRA_LENGTH - 1  # room for the source and the output
         for i, ids in encoded.items():
             if len(ids) > limit:
                 raise ValueError(f"line {i + 1} has {len(ids)} tokens; this model takes {limit}")
@@ -213,7 +215,7 @@ class OnnxTranslator:
             step = OnnxStepDecoder(
                 self.decoder, memory.repeat(beam_size, 0), src.repeat(beam_size, 0), self.config
             )
-            limits = torch.from_numpy((src != PAD).sum(1)) + 50  # the paper's: input + 50
+            limits = torch.from_numpy((src != PAD).sum(1)) + EXTRA_LENGTH  # the paper's limit
             beams = beam_search_core(step, len(rows), limits, BOS, EOS, beam_size, alpha)
             for i, beam in zip(rows, beams):
                 out[i] = self.sp.decode([t for t in beam[0].tokens if t not in (BOS, EOS, PAD)])

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..batching import BOS, EOS, PAD
+from ..beam import ALPHA, BEAM_SIZE, EXTRA_LENGTH
 from ..errors import ConfigError
 from ..files import atomic_path
 
@@ -212,7 +213,7 @@ def export_transformers(model, tokenizer, cfg, out, *, card: dict | None = None)
         marian_weights(marian, model)
         marian.generation_config = transformers.GenerationConfig(
             decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
-            num_beams=4, length_penalty=0.6, max_length=max_len,
+            num_beams=BEAM_SIZE, length_penalty=ALPHA, max_length=max_len,
             length_penalty_note=GENERATION_NOTE,
         )  # fmt: skip
         with atomic_path(out) as tmp:  # the whole folder, or nothing
@@ -285,7 +286,7 @@ def model_card(model, cfg, card: dict) -> str:
 
 # %% ../../notebooks/A5_deploying.ipynb #a5-049
 @torch.no_grad()
-def marian_generate(marian, tokenizer, sentences: list[str], *, beam_size=4, alpha=0.6,
+def marian_generate(marian, tokenizer, sentences: list[str], *, beam_size=BEAM_SIZE, alpha=ALPHA,
                     batch_size=128):  # fmt: skip
     """Each sentence's translation by `marian.generate`, as token ids without <s> and </s>, with
     the paper's limit, n_src + 50 tokens, for each sentence; `alpha` is transformers' length
@@ -302,7 +303,7 @@ def marian_generate(marian, tokenizer, sentences: list[str], *, beam_size=4, alp
             part = rows[k : k + batch_size]
             batch = tokenizer([sentences[i] for i in part], return_tensors="pt", padding=True)
             ys = marian.generate(**batch, num_beams=beam_size, length_penalty=penalty,
-                                 do_sample=False, max_length=n + 51)  # fmt: skip
+                                 do_sample=False, max_length=n + EXTRA_LENGTH + 1)  # fmt: skip
             for i, y in zip(part, ys[:, 1:].tolist()):  # without <s>
                 out[i] = y[: y.index(EOS)] if EOS in y else y
     return out

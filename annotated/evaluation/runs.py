@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..beam import ALPHA, BEAM_SIZE
 from ..bleu import score_translations
 from ..errors import TrainingError
 from ..files import atomic_path, lock_holder
@@ -29,7 +30,7 @@ from .translation import load_model, translate
 
 # %% ../../notebooks/13_multi30k_results.ipynb #c014
 def score(
-    model, tokenizer, pairs, *, beam_size: int = 4, alpha: float = 0.6, lang="de", progress=False
+    model, tokenizer, pairs, *, beam_size=BEAM_SIZE, alpha=ALPHA, lang="de", progress=False
 ) -> dict:
     """Translate the sources of (source, reference) `pairs` with beam search and score them
     against the references with every BLEU of chapter 10 (`lang`: the target language)
@@ -70,8 +71,8 @@ def evaluate_run(
     *,
     last: int | None = None,
     limit: int | None = None,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = BEAM_SIZE,
+    alpha: float = ALPHA,
     device="cpu",
     progress: bool = False,
     best: bool = False,
@@ -195,7 +196,7 @@ def _replace_folder(out_dir: Path, files: dict[str, str]) -> None:
 
 # %% ../../notebooks/13_multi30k_results.ipynb #c025s
 def bleu_per_checkpoint(
-    run_dir, *, limit: int | None = None, beam_size: int = 4, alpha: float = 0.6, device="cpu"
+    run_dir, *, limit: int | None = None, beam_size=BEAM_SIZE, alpha=ALPHA, device="cpu"
 ) -> dict[int, float]:
     """sacreBLEU of each kept checkpoint of a run on its own, by step, on the task's first test
     set (its first `limit` sentences when given)."""
@@ -206,7 +207,7 @@ def bleu_per_checkpoint(
         except TrainingError:
             if path.exists():
                 raise  # damaged, or not this code's: the message says which
-            continue  # pruned by a trainer still running there since the folder was listed
+            continue  # pruned by a trainer still running there
         load = next(iter(TASKS[cfg.task].test_sets(cfg).values()))
         pairs = load()[:limit] if limit else load()
         bleu = score(model, tokenizer, pairs, beam_size=beam_size, alpha=alpha)["sacrebleu"]

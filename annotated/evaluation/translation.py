@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from ..batching import BOS, EOS, PAD, make_batch
+from ..beam import ALPHA, BEAM_SIZE, EXTRA_LENGTH
 from ..data.tokenizer import Tokenizer
 from ..decoding import beam_search_hypotheses
 from ..fast import fused_attention
@@ -26,8 +27,8 @@ def translate(
     tokenizer: Tokenizer,
     sentences: list[str],
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
+    beam_size: int = BEAM_SIZE,
+    alpha: float = ALPHA,
     batch_size: int = 128,
     max_len: int | None = None,
     precision: str = "auto",
@@ -45,7 +46,7 @@ def translate(
             f"alpha a finite number >= 0; got {batch_size}, {beam_size}, {nbest} and {alpha}."
         )
     device = next(model.parameters()).device
-    limit = getattr(model.src_embed[1], "max_len", 5000) - 51  # room for source + 50 output tokens
+    limit = model.src_embed[1].max_len - EXTRA_LENGTH - 1  # room for the source and the output
     encoded = [tokenizer.encode(s) + [EOS] if s.strip() else None for s in sentences]
     for i, e in enumerate(encoded):
         if e is not None and len(e) > limit:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ..batching import BOS, EOS, PAD, make_batch
+from ..beam import ALPHA, BEAM_SIZE
 from ..data.multi30k import load_multi30k
 from ..errors import ConfigError, Diverged
 from ..evaluation.runs import score
@@ -69,7 +70,7 @@ ROWS = dict(VARIATIONS)  # every row run_variation knows by name: these, and the
 
 # %% ../../notebooks/15_ablations.ipynb #c007
 @torch.no_grad()
-def dev_scores(run_dir, *, sentences: int | None = None, beam_size: int = 4) -> dict:
+def dev_scores(run_dir, *, sentences: int | None = None, beam_size: int = BEAM_SIZE) -> dict:
     """Perplexity and sacreBLEU of a Multi30k run's last checkpoint on the validation split."""
     model, tokenizer, _ = load_model(checkpoint_paths(Path(run_dir))[-1:])
     pairs = load_multi30k("val")
@@ -84,7 +85,7 @@ def dev_scores(run_dir, *, sentences: int | None = None, beam_size: int = 4) -> 
         total += loss_on_batch(model, batch, nll).item()
         tokens += batch.ntokens
     scored = pairs[:sentences] if sentences else pairs
-    result = score(model, tokenizer, scored, beam_size=beam_size, alpha=0.6)
+    result = score(model, tokenizer, scored, beam_size=beam_size, alpha=ALPHA)
     samples = [[*pair, hyp] for pair, hyp in zip(scored[:3], result["translations"])]
     parameters = sum(p.numel() for p in model.parameters())
     return {

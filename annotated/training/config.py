@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..errors import ConfigError, refuse_broken
+from ..loss import SMOOTHING
 from ..model import TRANSFORMER_BASE, TRANSFORMER_BIG, ModelConfig
 from ..precision import PRECISIONS
+from ..schedule import BETAS, EPS, WARMUP
 from .distributed import all_sum
 
 
@@ -76,10 +78,10 @@ class OptimConfig(Checked):
     """How the weights move (paper 5.3): Adam, lrate = lr_factor * rate(step, warmup)."""
 
     lr_factor: float = 1.0
-    warmup: int = 4000
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-9
+    warmup: int = WARMUP
+    adam_beta1: float = BETAS[0]
+    adam_beta2: float = BETAS[1]
+    adam_eps: float = EPS
     max_grad_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
 
     def rules(self) -> list[tuple[bool, str, str]]:
@@ -108,7 +110,7 @@ class OptimConfig(Checked):
 class LossConfig(Checked):
     """What is minimised (paper 5.4): cross-entropy against label-smoothed targets."""
 
-    label_smoothing: float = 0.1
+    label_smoothing: float = SMOOTHING
 
     def rules(self) -> list[tuple[bool, str, str]]:
         return [(0 <= self.label_smoothing < 1, "loss.label_smoothing", "must lie in [0, 1)")]
@@ -258,7 +260,7 @@ def parse_overrides(settings: dict[str, Any], overrides) -> list[tuple[str, Any]
     for item in overrides:
         key, sep, text = (s.strip() for s in item.partition("="))
         if not sep:
-            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optim.warmup=4000")
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set max_steps=100")
         if key == "model" and text in MODELS:  # a named model: the paper's sizes
             out.append((key, text))
         elif key in groups:  # a part such as `optim`: one of its keys

@@ -39,7 +39,7 @@ def config_from_file(path, overrides=()) -> TrainConfig:
             raise ConfigError(f"{path}: {key} is not a setting; the settings are: "
                               f"{', '.join(settings)}.")  # fmt: skip
         if isinstance(default, float) and isinstance(value, str) and _NUMBER.fullmatch(value):
-            value = float(value)  # YAML 1.1, PyYAML's, reads 1e-9 (no dot) as text
+            value = float(value)  # YAML 1.1, PyYAML's, reads 1e-3 (no dot) as text
         if not _fits(value, default):
             kind = type(default).__name__
             raise ConfigError(

@@ -54,7 +54,7 @@ def validate(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 6
     """Dev loss (cross-entropy per target token, </s> included, without label smoothing) and
     the sacreBLEU of greedy translations. Uses no random numbers, so a run resumes exactly."""
     started, training = time.time(), model.training
-    longest = getattr(model.src_embed[1], "max_len", 5000)  # the positional encoding's length
+    longest = model.src_embed[1].max_len  # the positional encoding's length
     nll, tokens, hyps = 0.0, 0, []
     model.eval()
     for k in range(0, len(pairs), batch_size):
