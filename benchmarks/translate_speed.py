@@ -48,7 +48,7 @@ ENGINES = ("book", "ctranslate2", "ctranslate2-int8", "onnx")
 def translator(name: str, model, tokenizer, folder: Path, threads: int, device: str = "cpu"):
     """(sentences, beam) -> translations, by engine `name` on `device` (cpu or cuda)."""
     if name == "book":
-        return lambda s, beam: translate(model, tokenizer, s, beam_size=beam, alpha=0.6)
+        return lambda s, beam: translate(model, tokenizer, s, beam_size=beam)
     if name.startswith("ctranslate2"):
         import ctranslate2
 
