@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .decoding import beam_search, greedy_decode
     from .embeddings import Embeddings, Generator, LearnedPositionalEncoding, PositionalEncoding
     from .evaluation.averaging import average_checkpoints
-    from .evaluation.translation import load_model, translate
+    from .evaluation.translation import Translator, load, load_model, translate
     from .fast import make_fast
     from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, SublayerConnection
     from .loss import FusedLabelSmoothing, LabelSmoothing
@@ -87,6 +87,8 @@ _MODULE_OF = {
     "train": "training.trainer",
     "translate": "evaluation.translation",
     "load_model": "evaluation.translation",
+    "load": "evaluation.translation",
+    "Translator": "evaluation.translation",
 }
 __all__ = [
     "attention",
@@ -136,6 +138,8 @@ __all__ = [
     "train",
     "translate",
     "load_model",
+    "load",
+    "Translator",
 ]
 __version__ = "0.1.0"
 

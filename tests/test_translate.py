@@ -49,6 +49,34 @@ def test_averaging_several_checkpoints(checkpoint):
     torch.testing.assert_close(model.state_dict()[k], (a[k] + b[k]) / 2)
 
 
+def test_one_call_from_python_with_string_paths(checkpoint):
+    """annotated.load: one checkpoint as a str or a Path, or several (averaged); its translate
+    and score are translate's and score_translations' on the loaded model."""
+    import annotated
+    from annotated.bleu import score_translations
+    from annotated.evaluation.translation import translate
+
+    one = annotated.load(str(checkpoint[-1]))
+    same = load_model(checkpoint[-1])  # a single path, not read one character at a time
+    assert all(torch.equal(a, b) for a, b in zip(one.model.state_dict().values(),
+                                                  same[0].state_dict().values()))  # fmt: skip
+    lines = ["3 4 5", "7 7 8 9"]
+    assert one.translate(lines) == translate(same[0], same[1], lines)
+    assert one.translate(lines, beam=1) == translate(same[0], same[1], lines, beam_size=1)
+    best = one.translate(lines, nbest=2)
+    assert len(best) == 2 and all(len(b) == 2 for b in best)
+    pairs = [("3 4 5", "3 4 5"), ("7 7 8 9", "7 7 8 9")]
+    expected = score_translations(one.translate(lines), [r for _, r in pairs], "de")
+    assert one.score(pairs) == expected
+    averaged = annotated.load([str(p) for p in checkpoint[-2:]]).model.state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(averaged.values(),
+               load_model(checkpoint[-2:])[0].state_dict().values()))  # fmt: skip
+    with pytest.raises(TrainingError, match="no checkpoint given"):
+        annotated.load([])
+    with pytest.raises(TrainingError, match="does not exist"):
+        annotated.load("no/such.pt")
+
+
 def test_checkpoint_of_another_shape_names_the_parameters(checkpoint, tmp_path):
     state = torch.load(checkpoint[-1], weights_only=True)
     state["config"]["model"]["d_ff"] = 64  # the weights no longer fit the configuration

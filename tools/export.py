@@ -67,7 +67,7 @@ READER_API = {
     "training.config": ["TrainConfig"],
     "training.registry": ["CONFIGS", "TASKS", "build_config"],
     "training.trainer": ["train"],
-    "evaluation.translation": ["translate", "load_model"],
+    "evaluation.translation": ["translate", "load_model", "load", "Translator"],
 }
 SUBPACKAGES = {  # folder -> docstring of its generated __init__.py
     "cli": "The command lines: `python -m annotated.cli.NAME --help` (or `annotated-NAME --help`).",
