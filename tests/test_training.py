@@ -149,3 +149,22 @@ def test_copy_task_learns_to_copy():
     exact = ((got == test.tgt_y) | (test.tgt_y == PAD)).all(1).float().mean().item()
     # typically 97-100%, whatever the CPU and threads
     assert exact >= 0.9, f"only {exact:.1%} exact copies"
+
+
+@pytest.mark.parametrize("sizes", [(13, 64, 4, 10), (11, 5, 1, 1), (20, 7, 0, 3)])
+def test_copy_batch_rows_are_the_symbols_drawn_with_their_ends(sizes):
+    """Each row, built at once for the batch, is what the task defines row by row: the source
+    its n symbols, </s> and padding; the target <s>, the same symbols, </s> and padding, with n
+    and the symbols the generator's first draws."""
+    vocab, rows, low, high = sizes
+    batch = copy_batch(vocab, rows, min_len=low, max_len=high,
+                       generator=torch.Generator().manual_seed(3))  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(low, high + 1, (rows,), generator=g).tolist()
+    symbols = torch.randint(3, vocab, (rows, high), generator=g).tolist()
+    assert batch.src.shape == (rows, high + 1) and batch.tgt.size(1) == high + 1  # tgt: <s>...
+    for i, n in enumerate(lengths):
+        src = symbols[i][:n] + [EOS] + [PAD] * (high - n)
+        tgt = [BOS] + symbols[i][:n] + [EOS] + [PAD] * (high - n)
+        assert batch.src[i].tolist() == src
+        assert batch.tgt[i].tolist() + batch.tgt_y[i, -1:].tolist() == tgt

@@ -23,11 +23,12 @@ def copy_batch(
     """Random copy-task batch: source symbols + </s>, target <s> + symbols + </s>, PAD-padded."""
     lengths = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator)
     symbols = torch.randint(3, vocab, (batch_size, max_len), generator=generator)
-    src = torch.full((batch_size, max_len + 1), PAD)
-    tgt = torch.full((batch_size, max_len + 2), PAD)
-    for i, n in enumerate(lengths.tolist()):
-        src[i, :n], src[i, n] = symbols[i, :n], EOS
-        tgt[i, 0], tgt[i, 1 : n + 1], tgt[i, n + 1] = BOS, symbols[i, :n], EOS
+    n, position = lengths[:, None], torch.arange(max_len + 2)  # (batch, 1), (max_len + 2,)
+    padded = torch.cat([symbols, torch.full((batch_size, 2), PAD)], dim=1)  # (batch, max_len + 2)
+    # the source: its n symbols, </s>, padding; the target: <s>, the same n symbols, </s>, padding
+    src = padded.masked_fill(position >= n, PAD).masked_fill(position == n, EOS)[:, :-1]
+    tgt = padded.roll(1, dims=1).masked_fill(position > n, PAD)
+    tgt = tgt.masked_fill(position == n + 1, EOS).index_fill(1, torch.tensor([0]), BOS)
     return Batch(src, tgt, PAD)
 
 
