@@ -339,3 +339,21 @@ def test_the_benchmark_presets_measure_the_registrys_models(monkeypatch):
         m, p = build_config(config).model, train_step.PRESETS[preset]
         assert (p["N"], p["d_model"], p["d_ff"], p["h"]) == (m.N, m.d_model, m.d_ff, m.h), preset
         assert p["norm_first"] == m.norm_first, preset
+
+
+def test_trainer_overhead_times_the_trainer_against_a_bare_loop_of_the_same_run(tmp_path):
+    """benchmarks/trainer_overhead.py: both loops train the same run; the report holds each
+    round, the medians and the ratio (the figure is reported, never asserted)."""
+    out = tmp_path / "overhead.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "trainer_overhead.py"), "--steps", "8"]
+    command += ["--rounds", "1", "--json", str(out)]
+    r = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["steps"] == 8 and report["settings"][-3:] == [
+        "max_steps=8", "checkpoint_every=8", "precision=fp32",
+    ]  # fmt: skip
+    rounds = report["rounds"]
+    assert all(len(v) == 1 and v[0] > 0 for v in rounds.values())
+    assert report["ratio"] == rounds["trainer_s"][0] / rounds["bare_loop_s"][0]
+    assert "x the bare loop" in r.stdout and report["commit"]
