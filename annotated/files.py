@@ -8,6 +8,7 @@ __all__ = [
     "write_text_atomic",
     "check_writable",
     "refuse_link",
+    "refuse_links_inside",
     "open_in_place",
     "hold_lock",
     "lock_out_dir",
@@ -119,6 +120,14 @@ def refuse_link(path: Path) -> None:
             f"file of its own; writing through it would change the file it points to. Remove "
             f"the link, then run the command again."
         )
+
+
+def refuse_links_inside(folder: Path) -> None:
+    """refuse_link for every file and folder inside `folder` (not following any link): a link
+    planted in a folder this program fills would take its writes, and deletions, elsewhere."""
+    for root, dirs, files in os.walk(folder):  # os.walk does not descend into linked folders
+        for name in [*dirs, *files]:
+            refuse_link(Path(root) / name)
 
 
 # Never through a link (O_NOFOLLOW, not on Windows); bytes as written (O_BINARY, Windows only).

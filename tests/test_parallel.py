@@ -2,6 +2,7 @@
 `parallel` task through the command lines, and the messages for bad input."""
 
 import json
+import shutil
 
 import pytest
 
@@ -9,7 +10,7 @@ from annotated.batching import BOS, EOS, PAD
 from annotated.cli import evaluate, prepare
 from annotated.data.multi30k import load_multi30k
 from annotated.data.parallel import check_pair, load_prepared, prepare_parallel, split_tsv
-from annotated.errors import DataError
+from annotated.errors import DataError, TrainingError
 from annotated.training.registry import TASKS, build_config
 
 from helpers import run_trainer, sets, tiny_copy
@@ -366,3 +367,30 @@ def test_a_folder_prepared_again_from_other_data_says_so(tmp_path, capsys):
     assert f"note: {out} was prepared from other training data" in said, said
     assert "can no longer resume" in said
     assert "note:" not in prepare_from(second)
+
+
+@pytest.mark.parametrize("inside", ["encoded", "clean", "raw", "tokenizer", "clean/train.en"])
+def test_a_link_planted_in_a_prepared_folder_is_refused_before_anything_is_written(
+    tmp_path, inside
+):
+    """A symbolic link in place of a folder or file of a prepared folder: prepare stops with a
+    message naming it, and the folder it points to is left exactly as it was."""
+    pairs = [
+        (f"a red cat number {i} sleeps", f"eine rote Katze Nummer {i} schläft") for i in range(300)
+    ]
+    files = write_corpus(tmp_path / "text", pairs)
+    prepared = prepare_parallel(
+        *files, tmp_path / "data", tests={"t": files}, vocab_size=200
+    ).folder
+    elsewhere = tmp_path / "elsewhere"
+    planted = prepared / inside
+    shutil.move(planted, elsewhere)  # the real content now lives elsewhere, behind a link
+    planted.symlink_to(elsewhere, target_is_directory=elsewhere.is_dir())
+    files[1].write_text(files[1].read_text().replace("Katze", "Maus"))  # work for prepare to do
+    before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in
+                    ([elsewhere] if elsewhere.is_file() else elsewhere.rglob("*")))  # fmt: skip
+    with pytest.raises(TrainingError, match="is a symbolic link"):
+        prepare_parallel(*files, tmp_path / "data", tests={"t": files}, vocab_size=200)
+    after = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in
+                   ([elsewhere] if elsewhere.is_file() else elsewhere.rglob("*")))  # fmt: skip
+    assert after == before

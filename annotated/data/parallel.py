@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import DataError
-from ..files import atomic_path, hold_lock
+from ..files import atomic_path, hold_lock, refuse_links_inside
 from .preparation import Prepared, prepare_raw
 from .tokenizer import load_tokenizer
 
@@ -152,6 +152,7 @@ def prepare_parallel(
     _check_inputs({"train": (src, tgt), **named}, tests, vocab_size)
     out.mkdir(parents=True, exist_ok=True)
     with hold_lock(out / "prepare.lock"):  # one process at a time; the others wait
+        refuse_links_inside(out)  # never write or delete through a link planted there
         raw: dict = {"train": {"train": dict(zip(langs, (src, tgt)))}}
         for name, pair in {**named, **tests}.items():  # small: kept beside the data
             copies = {lang: out / "raw" / f"{name}.{lang}" for lang in langs}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
-from ..files import hold_lock
+from ..files import hold_lock, refuse_links_inside
 from .cleaning import clean_corpora, read_pairs, sample_pairs
 from .download import identity
 from .encoded import EncodedCorpus, is_encoded, write_encoded
@@ -127,5 +127,6 @@ def prepare_wmt14(
     vocab_size = vocab_size or (VOCAB[pair] if scale == "full" else SAMPLE_VOCAB)
     folder.mkdir(parents=True, exist_ok=True)
     with hold_lock(folder / "prepare.lock"):  # one process at a time; the others wait
+        refuse_links_inside(folder)  # never write or delete through a link planted there
         raw = raw_files(pair, scale, folder / "raw", **kwargs)
         return prepare_raw(folder, raw, pair, scale, vocab_size, **steps)
