@@ -44,6 +44,31 @@ def test_translations_that_cannot_be_written_are_an_error(copy_run):
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_a_disk_that_fills_part_way_through_is_an_error_not_a_short_file(copy_run, tmp_path):
+    """`translate > file` where the file can only grow to 4 KiB (a file-size limit stands for
+    a filling disk: the first writes succeed, a later one fails): an error, exit 2, never exit 0
+    with part of the translations."""
+    import resource
+
+    ckpt = copy_run / "checkpoints/ckpt_00000004.pt"
+    limit = 4_096  # the 6,000 lines come out as at least 6,000 bytes
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    out = tmp_path / "translations.txt"
+    with open(out, "w") as target:
+        r = subprocess.run(
+            [sys.executable, "-m", "annotated.cli.translate", "--checkpoint", str(ckpt)],
+            input="3 4 5 6 7 8 9\n" * 6_000, stdout=target, stderr=subprocess.PIPE, text=True,
+            timeout=300, preexec_fn=small_files,
+        )  # fmt: skip
+    assert 0 < out.stat().st_size <= limit  # part of it was written: the disk filled mid-way
+    assert r.returncode == 2 and "could not write the translations" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+
+
 @pytest.mark.parametrize("closed, name", [("<&-", "input"), (">&-", "output")])
 def test_a_closed_standard_stream_is_a_message(copy_run, closed, name):
     ckpt = copy_run / "checkpoints/ckpt_00000004.pt"
