@@ -192,3 +192,20 @@ def test_a_damaged_result_file_is_refused_with_a_message(tmp_path, content):
     assert str(damaged) in r.stderr and "is empty or damaged (not a JSON record)" in r.stderr
     assert damaged.read_bytes() == content.encode("utf-8", "surrogateescape")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("recorded", [{"config": "multi30k"}, {"command": "... --config multi30k"}])
+def test_a_result_made_from_another_config_is_refused_not_reused(tmp_path, recorded):
+    """The same --results folder with another --config: a row trained from another base is
+    not passed off as this one (its file names the base, or an older file's command does)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    settings = ["precision=fp32", "max_steps=2"]
+    kept = {"row": "base", "overrides": settings, "dev_sentences": 3, **recorded}
+    (results / "base.json").write_text(json.dumps(kept))
+    options = ["--grid", "ci", "--dev-sentences", 3, "--set", "precision=fp32", "--steps", 2]
+    r = ablate(*options, "--runs", tmp_path / "runs", "--results", results)  # multi30k-small
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "--config multi30k with" in r.stderr and "from multi30k-small" in r.stderr
+    assert json.loads((results / "base.json").read_text()) == kept
+    assert not (tmp_path / "runs").exists()

@@ -114,7 +114,7 @@ def run_variation(
     done = Path(results) / f"{slug}.json"
     settings = (common or []) + ROWS[name] + [f"max_steps={steps}"]
     if done.exists():
-        return _kept(done, name, settings, sentences or "all")
+        return _kept(done, name, config, settings, sentences or "all")
     out = Path(runs) / slug
     command = ["python", "-m", "annotated.cli.train", "--config", config, "--out", str(out)]
     command += [arg for s in settings for arg in ("--set", s)] + ["--no-progress"]
@@ -130,7 +130,8 @@ def run_variation(
     seconds = time.time() - started
     device = "cuda" if torch.cuda.is_available() else "cpu"
     result = provenance(" ".join(command), torch.device(device))
-    result |= {"row": name, "overrides": settings, "steps": steps, "train_seconds": seconds}
+    result |= {"row": name, "config": config, "overrides": settings, "steps": steps}
+    result["train_seconds"] = seconds
     result["dev_sentences"] = sentences or "all"
     if diverged_at is None:
         result |= dev_scores(out, sentences=sentences)
@@ -141,7 +142,7 @@ def run_variation(
     return result
 
 
-def _kept(done: Path, name: str, settings: list[str], sentences) -> dict:
+def _kept(done: Path, name: str, config: str, settings: list[str], sentences) -> dict:
     """A row's result file, kept only if it is this row as asked for now."""
     try:
         kept = json.loads(done.read_text(encoding="utf-8"))
@@ -152,10 +153,14 @@ def _kept(done: Path, name: str, settings: list[str], sentences) -> dict:
             f"{done}, the result file of row {name!r}, is empty or damaged (not a JSON record). "
             f"Move it away to train the row again, or give another --results folder."
         )
-    if kept.get("overrides") != settings or kept.get("dev_sentences") != sentences:
+    given = re.search(r"--config (\S+)", str(kept.get("command")))  # a file of an older version
+    base = kept.get("config") or (given[1] if given else None)
+    asked = (config, settings, sentences)
+    if (base, kept.get("overrides"), kept.get("dev_sentences")) != asked:
         raise ConfigError(
-            f"{done} holds row {name!r} trained with {kept.get('overrides')} and scored on "
-            f"{kept.get('dev_sentences')} sentences, not with {settings} on {sentences}. "
+            f"{done} holds row {name!r} trained from --config {base} with "
+            f"{kept.get('overrides')} and scored on {kept.get('dev_sentences')} sentences, not "
+            f"from {config} with {settings} on {sentences}. "
             f"Give another --results folder, or move that one away to train the row again."
         )
     return kept
