@@ -140,6 +140,15 @@ def test_a_chapter_is_executed_again_only_when_an_input_changed(tmp_path, monkey
     }
     before = build_cache.keys_in_order(paths)
     assert changed_after(append(results, " ")) == {"c.ipynb"}
+    # the build's own time records: an input only of a chapter that names their folder
+    record = tmp_path / "results" / "book-build" / "xeon.json"
+    record.parent.mkdir()
+    record.write_text("{}")
+    monkeypatch.setattr(build_cache, "tracked", lambda: frozenset({results, record}))
+    times = notebook(tmp_path / "d.ipynb", "# reads results/book-build/\nopen('../results')")
+    paths.append(times)
+    before = build_cache.keys_in_order(paths)
+    assert changed_after(append(record, " ")) == {"d.ipynb"}
     before = build_cache.keys_in_order(paths)
     nb = nbformat.read(cli, as_version=4)
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="an output")]

@@ -7,7 +7,8 @@ A chapter's **key** is a hash of everything its executed copy depends on:
   runs in a subprocess), and everything they import, read from the package's own imports;
 - the repository files its code names (`tools/x.py`, `benchmarks/x.py`), and all of
   `results/` or `book/` where its code says `results` or `book` (code that joins paths names
-  no file), each committed file hashed;
+  no file), each committed file hashed; the build's and the tests' own time records
+  (`results/book-build/`, `results/test-runs/`) only where its code names their folders;
 - the keys of the chapters it reads the runs of (its metadata's `"book": {"after": [...]}`);
 - the execution machinery (`tools/run_notebooks.py`, `tools/glue_prose.py`), and the versions
   of Python and PyTorch.
@@ -118,7 +119,7 @@ def named_files(code: str) -> set[Path]:
     found = set()
     for folder in ("results", "book"):
         if re.search(rf"(?<![\w-]){folder}(?![\w-])", code):
-            found |= {f for f in tracked() if f.is_relative_to(ROOT / folder)}
+            found |= {f for f in tracked() if f.is_relative_to(ROOT / folder) and not timing(f)}
     for name in NAMED_FILE.findall(code):
         path = ROOT / name
         while not path.exists() and path != ROOT:
@@ -126,6 +127,15 @@ def named_files(code: str) -> set[Path]:
         if path != ROOT:
             found |= {f for f in tracked() if f == path or path in f.parents}
     return found
+
+
+# The times of the build and of the tests, which they write themselves: an input only of a
+# chapter that names these folders (appendix A9's table), or every build would outdate the next.
+TIMINGS = ("results/book-build", "results/test-runs")
+
+
+def timing(path: Path) -> bool:
+    return any(path.is_relative_to(ROOT / folder) for folder in TIMINGS)
 
 
 def sha256(path: Path) -> str:
