@@ -39,7 +39,7 @@ from machine import describe_cpu, file_name, load  # noqa: E402
 
 from annotated.training.provenance import provenance  # noqa: E402
 from annotated.training.registry import build_config  # noqa: E402
-from annotated.training.trainer import build_run, train  # noqa: E402
+from annotated.training.trainer import build_run, step_seed, train  # noqa: E402
 from annotated.training_step import train_step  # noqa: E402
 
 TINY = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2"]
@@ -63,7 +63,7 @@ def bare_loop(cfg) -> tuple[float, float]:
     run.model.train()
     start = time.perf_counter()
     for step, micro in enumerate(batches):
-        torch.manual_seed(cfg.seed * 1_000_003 + step * 7_919)  # as the trainer does
+        torch.manual_seed(step_seed(cfg, step))  # as the trainer does
         tokens = sum(b.ntokens for b in micro)
         train_step(run.model, micro, run.criterion, run.optimizer, run.scheduler,
                    total_tokens=tokens, precision=run.precision)  # fmt: skip

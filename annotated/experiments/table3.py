@@ -130,8 +130,10 @@ def run_variation(
     seconds = time.time() - started
     device = "cuda" if torch.cuda.is_available() else "cpu"
     result = provenance(" ".join(command), torch.device(device))
-    result |= {"row": name, "config": config, "overrides": settings, "steps": steps}
-    result["train_seconds"] = seconds
+    result |= {
+        "row": name, "config": config, "overrides": settings, "steps": steps,
+        "train_seconds": seconds,
+    }  # fmt: skip
     result["dev_sentences"] = sentences or "all"
     if diverged_at is None:
         result |= dev_scores(out, sentences=sentences)
