@@ -15,20 +15,20 @@ __all__ = [
 # and the policy that picks a precision for a device.
 import statistics
 import time
-from contextlib import nullcontext
 
 import torch
 
 from .errors import ConfigError
+from .training_step import Float32, gradient_norm
 
 # %% ../notebooks/16_fast_path.ipynb #p002
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class Precision:
+class Precision(Float32):
     """How a run computes: fp32, or autocast to bf16 or fp16 on `device`; fp16 adds a gradient
-    scaler. `backward` and `step` replace loss.backward() and optimizer.step()."""
+    scaler. Chapter 7's `Float32` with the 16-bit formats added."""
 
     def __init__(self, name: str, device):
         self.name, self.device_type = name, torch.device(device).type
@@ -49,25 +49,18 @@ class Precision:
     def autocast(self):
         """A context running matrix multiplies in the 16-bit format (fp32: does nothing)."""
         if self.dtype is None:
-            return nullcontext()
+            return super().autocast()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
-        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        super().backward(loss if self.scaler is None else self.scaler.scale(loss))
 
     def step(self, optimizer, parameters, max_grad_norm: float | None = None):
         """Unscale, clip (if max_grad_norm), update -> (gradient norm, skipped?)."""
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)  # the true gradients, for clipping
-        parameters = [p for p in parameters if p.grad is not None]
-        if max_grad_norm is not None:
-            norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm))
-        else:  # measured all the same, for the logs: one norm per tensor, then theirs
-            norms = [torch.linalg.vector_norm(p.grad) for p in parameters]
-            norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
         if self.scaler is None:
-            optimizer.step()
-            return norm, False
+            return super().step(optimizer, parameters, max_grad_norm)
+        self.scaler.unscale_(optimizer)  # the true gradients, for clipping
+        norm = gradient_norm(parameters, max_grad_norm)
         scale = self.scaler.get_scale()
         self.scaler.step(optimizer)  # skipped if any gradient is inf or NaN ...
         self.scaler.update()  # ... and then the scale is halved
