@@ -44,7 +44,7 @@ def prepared_for(cfg: TrainConfig) -> Prepared:
 
 
 class ParallelTask(CorpusTask):
-    """Your own corpus: its encoded training pairs in BucketSampler's micro-batches (chapter 11)."""
+    """Your own corpus: its encoded training pairs in BucketSampler's micro-batches (chapter 18)."""
 
     Data: ClassVar[type[TaskData]] = ParallelData  # its part of a TrainConfig
 

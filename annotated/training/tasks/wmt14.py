@@ -49,7 +49,7 @@ def prepare_for(cfg: TrainConfig) -> Prepared:
 
 class Wmt14Task(CorpusTask):
     """WMT14 `cfg.data.pair` at scale `cfg.data.scale`: chapter 24's memory-mapped corpus, read
-    in micro-batches of about tokens_per_step / per_step real tokens a side (chapter 11)."""
+    in micro-batches of about tokens_per_step / per_step real tokens a side (chapter 18)."""
 
     Data: ClassVar[type[TaskData]] = Wmt14Data  # its part of a TrainConfig
 
