@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_compute_options(ap, device=False)  # the device is the configuration's
     ap.add_argument(
-        "--plot", metavar="PNG", help="when done, draw loss, learning rate and speed (chapter 13)"
+        "--plot", metavar="PNG", help="when done, draw loss, learning rate and speed (chapter 26)"
     )
     return ap
 

@@ -4,28 +4,13 @@
 __all__ = ["score", "evaluate_run", "read_run", "write_results", "bleu_per_checkpoint"]
 
 # %% ../../notebooks/13_multi30k_results.ipynb #c002
-# Evaluating a training run (chapter 13): average the last checkpoints, translate the task's test
-# sets with beam search, score them with every BLEU of chapter 10, and write the results with their
-# provenance.  python -m annotated.cli.evaluate --run DIR [--results DIR]
-import json
-import shutil
-import statistics
-import sys
+# Scoring translations (chapter 13): translate with beam search, score with every BLEU of
+# chapter 10. Evaluating a whole run (chapter 26) builds on it.
 import time
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any
 
 from ..beam import ALPHA, BEAM_SIZE
 from ..bleu import score_translations
-from ..errors import TrainingError
-from ..files import atomic_path, lock_holder
-from ..training.checkpoints import checkpoint_paths, checkpoint_step
-from ..training.provenance import git_commit
-from ..training.registry import TASKS
-from ..training.run_folder import read_json, read_metrics, step_records
-from ..training.validation import best_checkpoint
-from .translation import load_model, translate
+from .translation import translate
 
 
 # %% ../../notebooks/13_multi30k_results.ipynb #c014
@@ -42,6 +27,29 @@ def score(
     return {**scores, "decode_seconds": seconds, "translations": hyps}
 
 
+# %% ../../notebooks/26_wmt14_evaluation.ipynb #r13-c002
+# Evaluating a training run (chapter 26): average the last checkpoints, translate the task's test
+# sets with beam search, score them with every BLEU of chapter 10, and write the results with their
+# provenance.  python -m annotated.cli.evaluate --run DIR [--results DIR]
+import json
+import shutil
+import statistics
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import TrainingError
+from ..files import atomic_path, lock_holder
+from ..training.checkpoints import checkpoint_paths, checkpoint_step
+from ..training.provenance import git_commit
+from ..training.registry import TASKS
+from ..training.run_folder import read_json, read_metrics, step_records
+from ..training.validation import best_checkpoint
+from .translation import load_model
+
+
+# %% ../../notebooks/26_wmt14_evaluation.ipynb #r13-c014
 def _load_kept(run_dir: Path, last: int | None, device, best: bool = False):
     """The average of the run's last `last` checkpoints, or its best by dev BLEU (chapter 22)
     alone -> (model, tokenizer, config, paths).
@@ -113,7 +121,7 @@ def evaluate_run(
     return report
 
 
-# %% ../../notebooks/13_multi30k_results.ipynb #c023
+# %% ../../notebooks/26_wmt14_evaluation.ipynb #r13-c023
 def read_run(run_dir) -> tuple[dict, list[dict], str]:
     """(run.json, the metrics records, the metrics text) of a training run, checked. A last metrics
     line cut short by a killed run is dropped; any other unreadable line is an error."""
@@ -128,7 +136,7 @@ def read_run(run_dir) -> tuple[dict, list[dict], str]:
     return run, metrics, text
 
 
-# %% ../../notebooks/13_multi30k_results.ipynb #c023b
+# %% ../../notebooks/26_wmt14_evaluation.ipynb #r13-c023b
 def write_results(
     out_dir, run_dir, report: dict, *, command: str | None = None, samples: int = 10
 ) -> Path:
@@ -194,7 +202,7 @@ def _replace_folder(out_dir: Path, files: dict[str, str]) -> None:
         ) from None
 
 
-# %% ../../notebooks/13_multi30k_results.ipynb #c025s
+# %% ../../notebooks/26_wmt14_evaluation.ipynb #r13-c025s
 def bleu_per_checkpoint(
     run_dir, *, limit: int | None = None, beam_size=BEAM_SIZE, alpha=ALPHA, device="cpu"
 ) -> dict[int, float]:
