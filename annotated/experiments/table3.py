@@ -5,25 +5,19 @@ __all__ = [
     "VARIATIONS",
     "GRIDS",
     "ROWS",
-    "PAPER_WARMUP",
     "SHORT",
     "LONG",
     "WARMUP",
     "dev_scores",
+    "warmup_row",
     "run_variation",
     "sweep",
-    "warmup_row",
 ]
 
 # %% ../../notebooks/15_ablations.ipynb #c002
 # Table 3 at Multi30k scale (chapter 15): the paper's variations as named overrides of one
-# configuration, each trained by the trainer of chapters 17 to 22 and scored on the development set.
-import contextlib
-import io
-import json
+# configuration, and their scores on the development set. Appendix A3 trains them.
 import math
-import re
-import time
 from pathlib import Path
 
 import torch
@@ -31,16 +25,11 @@ import torch
 from ..batching import BOS, EOS, PAD, make_batch
 from ..beam import ALPHA, BEAM_SIZE
 from ..data.multi30k import load_multi30k
-from ..errors import ConfigError, Diverged
 from ..evaluation.runs import score
 from ..evaluation.translation import load_model
-from ..files import write_text_atomic
 from ..loss import LabelSmoothing
-from ..training.checkpoints import checkpoint_paths, checkpoint_step
-from ..training.config import OptimConfig
-from ..training.provenance import provenance
-from ..training.registry import build_config
-from ..training.trainer import train
+from ..schedule import WARMUP as PAPER_WARMUP
+from ..training.checkpoints import checkpoint_paths
 from ..training_step import loss_on_batch
 
 # %% ../../notebooks/15_ablations.ipynb #c005
@@ -96,7 +85,49 @@ def dev_scores(run_dir, *, sentences: int | None = None, beam_size: int = BEAM_S
     }
 
 
-# %% ../../notebooks/15_ablations.ipynb #c009
+# %% ../../notebooks/15_ablations.ipynb #w001
+def warmup_row(norm: str, N: int, times: float, warmup: int) -> list[str]:
+    """One run of the warm-up grid: "post" (the paper's) or "pre" norm, N layers, and a peak
+    learning rate `times` the one the paper's schedule reaches at this width, after `warmup`
+    steps. Equation 3 peaks at lr_factor * d_model^-0.5 * warmup^-0.5."""
+    factor = times * (warmup / PAPER_WARMUP) ** 0.5
+    return [
+        f"model.norm_first={norm == 'pre'}",
+        f"model.N={N}",
+        f"optim.lr_factor={factor:.6g}",
+        f"optim.warmup={warmup}",
+    ]
+
+
+SHORT, LONG = 30, 150  # warm-up steps of a 300-step run: a tenth of it, and half
+WARMUP = {  # both arrangements with the short warm-up, and post-norm with the long one too
+    f"{norm} N={N} x{times} w{warmup}": warmup_row(norm, N, times, warmup)
+    for warmup, norms in ((SHORT, ("post", "pre")), (LONG, ("post",)))
+    for norm in norms
+    for N in (2, 4, 6, 8)
+    for times in (1, 2, 4)
+}
+ROWS.update(WARMUP)
+GRIDS["warmup"] = list(WARMUP)
+
+# %% ../../notebooks/A3_command_lines.ipynb #a3-t3-head
+# Training the rows (appendix A3): each by the trainer of chapters 17 to 22, in its own folder,
+# scored on the development set, and written with its provenance.
+import contextlib
+import io
+import json
+import re
+import time
+
+from ..errors import ConfigError, Diverged
+from ..files import write_text_atomic
+from ..training.checkpoints import checkpoint_step
+from ..training.provenance import provenance
+from ..training.registry import build_config
+from ..training.trainer import train
+
+
+# %% ../../notebooks/A3_command_lines.ipynb #a3-t3-c009
 def run_variation(
     name: str,
     *,
@@ -171,32 +202,3 @@ def _kept(done: Path, name: str, config: str, settings: list[str], sentences) ->
 def sweep(grid: str, **options) -> list[dict]:
     """Every row of GRIDS[grid], in order; see run_variation for the options."""
     return [run_variation(name, **options) for name in GRIDS[grid]]
-
-
-# %% ../../notebooks/15_ablations.ipynb #w001
-PAPER_WARMUP = OptimConfig().warmup  # section 5.3's 4,000 steps, the defaults' warm-up
-
-
-def warmup_row(norm: str, N: int, times: float, warmup: int) -> list[str]:
-    """One run of the warm-up grid: "post" (the paper's) or "pre" norm, N layers, and a peak
-    learning rate `times` the one the paper's schedule reaches at this width, after `warmup`
-    steps. Equation 3 peaks at lr_factor * d_model^-0.5 * warmup^-0.5."""
-    factor = times * (warmup / PAPER_WARMUP) ** 0.5
-    return [
-        f"model.norm_first={norm == 'pre'}",
-        f"model.N={N}",
-        f"optim.lr_factor={factor:.6g}",
-        f"optim.warmup={warmup}",
-    ]
-
-
-SHORT, LONG = 30, 150  # warm-up steps of a 300-step run: a tenth of it, and half
-WARMUP = {  # both arrangements with the short warm-up, and post-norm with the long one too
-    f"{norm} N={N} x{times} w{warmup}": warmup_row(norm, N, times, warmup)
-    for warmup, norms in ((SHORT, ("post", "pre")), (LONG, ("post",)))
-    for norm in norms
-    for N in (2, 4, 6, 8)
-    for times in (1, 2, 4)
-}
-ROWS.update(WARMUP)
-GRIDS["warmup"] = list(WARMUP)
