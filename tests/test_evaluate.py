@@ -236,6 +236,7 @@ def test_score_is_translate_then_every_bleu_of_the_book(copy_run, monkeypatch):
     import inspect
 
     from annotated.bleu import score_translations
+    from annotated.evaluation import translation
     from annotated.evaluation.translation import load_model, translate
     from annotated.training.checkpoints import checkpoint_paths
 
@@ -249,8 +250,8 @@ def test_score_is_translate_then_every_bleu_of_the_book(copy_run, monkeypatch):
                          bound.arguments["alpha"]))  # fmt: skip
         return translate(*args, **kwargs)
 
-    monkeypatch.setattr(evaluation, "translate", spy)
-    scored = evaluation.score(model, tokenizer, SCORED, beam_size=2, alpha=1.5, lang="en")
+    monkeypatch.setattr(translation, "translate", spy)
+    scored = translation.score(model, tokenizer, SCORED, beam_size=2, alpha=1.5, lang="en")
     hyps = scored.pop("translations")
     assert searched == [([s for s, _ in SCORED], 2, 1.5)]
     assert hyps == translate(model, tokenizer, [s for s, _ in SCORED], beam_size=2, alpha=1.5)

@@ -66,8 +66,9 @@ def test_one_call_from_python_with_string_paths(checkpoint):
     best = one.translate(lines, nbest=2)
     assert len(best) == 2 and all(len(b) == 2 for b in best)
     pairs = [("3 4 5", "3 4 5"), ("7 7 8 9", "7 7 8 9")]
-    expected = score_translations(one.translate(lines), [r for _, r in pairs], "de")
-    assert one.score(pairs) == expected
+    scored = one.score(pairs)  # score's: every BLEU, the translations, the decoding time
+    assert scored.pop("translations") == one.translate(lines) and scored.pop("decode_seconds") >= 0
+    assert scored == score_translations(one.translate(lines), [r for _, r in pairs], "de")
     averaged = annotated.load([str(p) for p in checkpoint[-2:]]).model.state_dict()
     assert all(torch.equal(a, b) for a, b in zip(averaged.values(),
                load_model(checkpoint[-2:])[0].state_dict().values()))  # fmt: skip

@@ -37,8 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from annotated.errors import ExpectedError  # noqa: E402
-from annotated.evaluation.runs import score  # noqa: E402
-from annotated.evaluation.translation import load_model  # noqa: E402
+from annotated.evaluation.translation import load_model, score  # noqa: E402
 from annotated.experiments.throughput import measure_throughput  # noqa: E402
 from annotated.training.checkpoints import checkpoint_paths  # noqa: E402
 from annotated.training.provenance import provenance  # noqa: E402

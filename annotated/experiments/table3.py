@@ -25,8 +25,7 @@ import torch
 from ..batching import BOS, EOS, PAD, make_batch
 from ..beam import ALPHA, BEAM_SIZE
 from ..data.multi30k import load_multi30k
-from ..evaluation.runs import score
-from ..evaluation.translation import load_model
+from ..evaluation.translation import load_model, score
 from ..loss import LabelSmoothing
 from ..schedule import WARMUP as PAPER_WARMUP
 from ..training.checkpoints import checkpoint_paths
