@@ -394,3 +394,36 @@ def test_a_link_planted_in_a_prepared_folder_is_refused_before_anything_is_writt
     after = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in
                    ([elsewhere] if elsewhere.is_file() else elsewhere.rglob("*")))  # fmt: skip
     assert after == before
+
+
+def test_prepare_notices_tokenized_text_and_undoes_it_when_asked(corpus, tmp_path, capsys):
+    """Files as Moses' tokenizer leaves them get a note; --detokenize prepares their plain text
+    instead, in the output folder, and the note is gone. Files named without language codes get
+    a note that says how to name the languages."""
+    from sacremoses import MosesTokenizer
+
+    from annotated.data.parallel import tokenized_line
+
+    _, train, _, _ = corpus
+    plain = [p.read_text(encoding="utf-8").splitlines()[:600] for p in train]
+    moses = [[MosesTokenizer(lang).tokenize(line, return_str=True, aggressive_dash_splits=True)
+              for line in side] for side, lang in zip(plain, ("en", "de"))]  # fmt: skip
+    files = write_corpus(tmp_path / "moses", list(zip(*moses)))
+    assert tokenized_line(files[0]) is not None and tokenized_line(train[0]) is None
+    given = ["--src", str(files[0]), "--tgt", str(files[1]), "--vocab", "300"]
+    assert 0 == prepare.main([*given, "--out", str(tmp_path / "noticed")])
+    said = capsys.readouterr().err
+    assert f"note: {files[0]} looks tokenized or escaped" in said and "--detokenize" in said
+    assert 0 == prepare.main([*given, "--detokenize", "--out", str(tmp_path / "plain")])
+    assert "looks tokenized" not in capsys.readouterr().err
+    made = tmp_path / "plain" / "raw" / "train.en"
+    lines = made.read_text(encoding="utf-8").splitlines()
+    back = sum(a == b.strip() for a, b in zip(lines, plain[0]))
+    assert back > 0.95 * len(plain[0]) and tokenized_line(made) is None  # the plain text again
+    unnamed = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    for path, source in zip(unnamed, train):
+        shutil.copy(source, path)
+    assert 0 == prepare.main(["--src", str(unnamed[0]), "--tgt", str(unnamed[1]),
+                  "--out", str(tmp_path / "unnamed"), "--vocab", "300"])  # fmt: skip
+    assert "no --langs was given" in capsys.readouterr().err
+    assert load_prepared(tmp_path / "unnamed").pair == "src-tgt"

@@ -46,7 +46,7 @@ def _own(args) -> Prepared:
     tokenizer = _tokenizer_of(args.tokenizer) if args.tokenizer else None
     return prepare_parallel(
         src, tgt, args.out, valid=valid, tests=tests, langs=langs, vocab_size=args.vocab,
-        tokenizer=tokenizer,
+        tokenizer=tokenizer, detokenize=args.detokenize,
     )  # fmt: skip
 
 
@@ -96,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--vocab", type=int, default=8000, help="shared BPE pieces (default 8000)")
     ap.add_argument("--langs", nargs=2, metavar=("SRC", "TGT"), help="language codes")
     ap.add_argument(
+        "--detokenize", action="store_true",
+        help="undo Moses' tokenization and escapes (&apos; @-@) of your files first",
+    )  # fmt: skip
+    ap.add_argument(
         "--tokenizer", type=Path, help="reuse this tokenizer (a .model, prepared folder or run)"
     )
     return ap
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--tgt {args.tgt}: a --tsv file holds both sides; give --tgt with --src only")
     if args.config is None and args.set:
         ap.error("--set changes a named configuration (--config); a corpus of your own takes "
-                 "--vocab, --langs, --valid, --test and --tokenizer")  # fmt: skip
+                 "--vocab, --langs, --valid, --test, --tokenizer and --detokenize")  # fmt: skip
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         ap.error(f"--out {args.out} is a file; give a folder to prepare the corpus into")
     kept, again = "every step already finished is kept", "run the same command again to continue"

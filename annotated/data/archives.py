@@ -6,6 +6,7 @@ __all__ = [
     "WMT14_PAIRS",
     "SAMPLE_FILES",
     "Corpus",
+    "detokenized",
     "sample_text",
     "fetch_archive",
     "extract_members",
@@ -161,19 +162,26 @@ SAMPLE_FILES: dict[str, RemoteFile] = {
 
 
 # %% ../../notebooks/A2_downloads.ipynb #h4-sampletx
-def sample_text(out: Path, **fetch_kwargs) -> dict[str, dict[str, dict[str, Path]]]:
-    """The offline sample as plain text: the Moses tokenization of its training pairs undone."""
+def detokenized(lines, lang: str) -> list[str]:
+    """Lines as they were before Moses' tokenizer: its escapes (`&apos;`, `&amp;`), its joiners
+    (`@-@`, `@,@`) and its spaces around punctuation undone, by language `lang`'s rules."""
     import html
 
     from sacremoses import MosesDetokenizer
 
+    detok = MosesDetokenizer(lang)
+    joined = (re.sub(r" @([-,.])@ ", r"\1", html.unescape(s)) for s in lines)
+    return [detok.detokenize(s.split()) for s in joined]
+
+
+def sample_text(out: Path, **fetch_kwargs) -> dict[str, dict[str, dict[str, Path]]]:
+    """The offline sample as plain text: the Moses tokenization of its training pairs undone."""
     files = {key: fetch(f, **fetch_kwargs) for key, f in SAMPLE_FILES.items()}
     for lang in ("en", "de"):
         dest = out / f"sample.{lang}"
         if not dest.is_file():
-            detok = MosesDetokenizer(lang)
-            lines = read_lines(files[f"train.{lang}"])
-            text = "".join(detok.detokenize(html.unescape(s).split()) + "\n" for s in lines)
+            lines = detokenized(read_lines(files[f"train.{lang}"]), lang)
+            text = "".join(line + "\n" for line in lines)
             with atomic_path(dest) as tmp:
                 tmp.write_text(text, encoding="utf-8")
     paths = {

@@ -7,6 +7,7 @@ __all__ = [
     "count_lines",
     "check_pair",
     "split_tsv",
+    "tokenized_line",
     "prepare_parallel",
     "load_prepared",
     "test_names",
@@ -15,13 +16,17 @@ __all__ = [
 # %% ../../notebooks/27_your_own_corpus.ipynb #c002
 # A corpus of your own: plain text files checked before anything is built from them, then chapter
 # 10's pipeline (cleaning, a shared BPE vocabulary, the encoded format) with a manifest.
+import itertools
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from ..errors import DataError
 from ..files import atomic_path, hold_lock, refuse_links_inside
+from .archives import detokenized
+from .download import read_lines
 from .preparation import Prepared, prepare_raw
 from .tokenizer import load_tokenizer
 
@@ -91,12 +96,49 @@ def split_tsv(tsv, out: Path, langs: tuple[str, str]) -> tuple[Path, Path]:
     return files
 
 
+# %% ../../notebooks/27_your_own_corpus.ipynb #c013t
+_TOKENIZED = re.compile(r"&(?:amp|lt|gt|quot|apos|#\d+);| @[-,.]@ |\w [.,](?: |$)| n't\b")
+
+
+def tokenized_line(path, *, sample: int = 1000, share: float = 0.2) -> str | None:
+    """A line showing that `path` was tokenized or escaped the Moses way (`&apos;`, `@-@`, a space
+    before a comma or full stop), when `share` of its first `sample` lines are; else None."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [line.rstrip("\n") for line in itertools.islice(f, sample)]
+    marked = [line for line in lines if _TOKENIZED.search(line)]
+    return marked[0] if lines and len(marked) >= share * len(lines) else None
+
+
+def _note_tokenized(paths) -> None:
+    for path in paths:
+        line = tokenized_line(path)
+        if line is not None:
+            print(f"note: {path} looks tokenized or escaped by Moses ({line[:60]!r}); a model "
+                  f"trained on it writes that way. Prepare again with --detokenize to undo it, "
+                  f"or give the plain text.", file=sys.stderr)  # fmt: skip
+
+
+def _plain(source: Path, dest: Path, lang: str) -> Path:
+    """`source` with Moses' tokenization undone, written to `dest`."""
+    lines = detokenized(read_lines(source), lang)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(dest) as tmp:
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return dest
+
+
 # %% ../../notebooks/27_your_own_corpus.ipynb #c021
 def _langs(src: Path, tgt: Path, langs) -> tuple[str, str]:
     """Language codes: as given, else the files' suffixes (train.en, train.de), else src, tgt."""
     if not langs:
         guess = src.suffix.lstrip("."), tgt.suffix.lstrip(".")
         ok = all(re.fullmatch(r"[a-z]{2,3}", g) for g in guess) and guess[0] != guess[1]
+        ok = ok and set(guess) != {"src", "tgt"}  # split_tsv's names when no --langs was given
+        if not ok:
+            print(f"note: the names {src.name} and {tgt.name} do not end in language codes and no "
+                  f"--langs was given: the languages are called src and tgt, and tokenized BLEU "
+                  f"uses its default rules for the target. Name them with --langs SRC TGT, for "
+                  f"example --langs en de.", file=sys.stderr)  # fmt: skip
         langs = guess if ok else ("src", "tgt")
     langs = tuple(langs)
     if (
@@ -140,12 +182,24 @@ def _check_inputs(files: dict, tests: dict, vocab_size: int) -> None:
 
 
 def prepare_parallel(
-    src, tgt, out, *, valid=None, tests=None, langs=None, vocab_size=8000, tokenizer=None, seed=0
+    src,
+    tgt,
+    out,
+    *,
+    valid=None,
+    tests=None,
+    langs=None,
+    vocab_size=8000,
+    tokenizer=None,
+    seed=0,
+    detokenize: bool = False,
 ) -> Prepared:
     """Your own corpus prepared for training in `out`: the line-aligned training files `src` and
     `tgt`, an optional validation pair `valid` and named test pairs `tests` (name -> (source,
     reference)), checked, then cleaned, tokenized and encoded by chapter 24's `prepare_raw`.
-    A given `tokenizer` (a trained model's, for fine-tuning) is used instead of a new one."""
+    A given `tokenizer` (a trained model's, for fine-tuning) is used instead of a new one.
+    `detokenize` undoes Moses' tokenization of every file first; without it, a file that looks
+    tokenized gets a note."""
     src, tgt, out = Path(src), Path(tgt), Path(out)
     langs = _langs(src, tgt, langs)
     named, tests = {"valid": valid} if valid else {}, dict(tests or {})
@@ -153,11 +207,20 @@ def prepare_parallel(
     out.mkdir(parents=True, exist_ok=True)
     with hold_lock(out / "prepare.lock"):  # one process at a time; the others wait
         refuse_links_inside(out)  # never write or delete through a link planted there
+        given = [src, tgt, *(Path(p) for pair in [*named.values(), *tests.values()] for p in pair)]
+        if detokenize:  # plain copies of the training files, kept in the folder
+            plain = out / "raw" / f"train.{langs[0]}", out / "raw" / f"train.{langs[1]}"
+            src, tgt = _plain(src, plain[0], langs[0]), _plain(tgt, plain[1], langs[1])
+        else:
+            _note_tokenized(given)
         raw: dict = {"train": {"train": dict(zip(langs, (src, tgt)))}}
         for name, pair in {**named, **tests}.items():  # small: kept beside the data
             copies = {lang: out / "raw" / f"{name}.{lang}" for lang in langs}
             for lang, path in zip(langs, pair):
-                _copy(Path(path), copies[lang])
+                if detokenize:
+                    _plain(Path(path), copies[lang], lang)
+                else:
+                    _copy(Path(path), copies[lang])
             raw["dev" if name == "valid" and valid else name] = {name: copies}
         if tokenizer is not None:  # kept in the folder, where load_prepared finds it
             _write_model(tokenizer, out / "tokenizer" / f"given_{tokenizer.fingerprint}.model")
