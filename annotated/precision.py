@@ -8,6 +8,7 @@ __all__ = [
     "choose_precision",
     "matmul_speedup",
     "bf16_speedup",
+    "fast_decoding",
 ]
 
 # %% ../notebooks/16_fast_path.ipynb #p001
@@ -15,10 +16,12 @@ __all__ = [
 # and the policy that picks a precision for a device.
 import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 
 from .errors import ConfigError
+from .fast import fused_attention
 from .training_step import Float32, gradient_norm
 
 # %% ../notebooks/16_fast_path.ipynb #p002
@@ -135,3 +138,14 @@ def bf16_speedup(model, loss_fn, *, repeats: int = 5) -> float:
     model.zero_grad(set_to_none=True)
     torch.set_rng_state(rng)
     return statistics.median(times["fp32"]) / statistics.median(times["bf16"])
+
+
+# %% ../notebooks/16_fast_path.ipynb #p010
+@contextmanager
+def fast_decoding(model, precision: str = "auto"):
+    """Inside the block, `model` decodes on the fast path: fused attention, under `precision`
+    ("auto": bf16 or fp16 on a GPU, fp32 on a CPU)."""
+    device = next(model.parameters()).device
+    numeric = Precision(choose_precision(precision, device), device)
+    with fused_attention(model), numeric.autocast():
+        yield model

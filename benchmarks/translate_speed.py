@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from annotated.evaluation.translation import load_model, translate
 from annotated.files import write_text_atomic
+from annotated.precision import fast_decoding
 from annotated.training.checkpoints import checkpoint_paths
 from annotated.training.provenance import provenance
 from annotated.training.registry import TASKS
@@ -48,7 +49,12 @@ ENGINES = ("book", "ctranslate2", "ctranslate2-int8", "onnx")
 def translator(name: str, model, tokenizer, folder: Path, threads: int, device: str = "cpu"):
     """(sentences, beam) -> translations, by engine `name` on `device` (cpu or cuda)."""
     if name == "book":
-        return lambda s, beam: translate(model, tokenizer, s, beam_size=beam)
+
+        def book(sentences, beam):
+            with fast_decoding(model):
+                return translate(model, tokenizer, sentences, beam_size=beam)
+
+        return book
     if name.startswith("ctranslate2"):
         import ctranslate2
 

@@ -132,3 +132,39 @@ def test_bf16_probe_stops_at_once_where_bf16_matrix_multiplies_are_slower(monkey
     calls = []
     assert bf16_speedup(tiny_model(), lambda: calls.append(1)) == 0.01
     assert calls == []  # no forward or backward pass was run
+
+
+def test_fast_decoding_translates_as_the_reference_and_restores_the_layers():
+    """`translate` runs a model as given; inside `fast_decoding` its attention is fused and the
+    search runs under the precision asked for (bf16 autocast here); afterwards every layer is of
+    chapter 2's class again, and a bad precision is refused before anything runs."""
+    from annotated.evaluation.translation import translate
+    from annotated.fast import FastMultiHeadedAttention
+    from annotated.multihead import MultiHeadedAttention
+    from annotated.precision import fast_decoding
+    from annotated.training.tasks.copy import IdTokenizer
+
+    model, tokenizer = tiny_model(3).eval(), IdTokenizer(13)
+    lines = ["3 4 5", "9 8 7 6", "", "4"]
+    plain = translate(model, tokenizer, lines, beam_size=3, nbest=2, max_len=6)
+    seen = []
+    original = MultiHeadedAttention.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append((type(self), torch.is_autocast_enabled("cpu")))
+        return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MultiHeadedAttention, "forward", spy)
+        with fast_decoding(model, "bf16"):
+            translate(model, tokenizer, lines[:1], beam_size=2, max_len=4)
+    assert seen and all(issubclass(cls, FastMultiHeadedAttention) and cast for cls, cast in seen)
+    with fast_decoding(model):  # "auto" on a CPU: float32
+        fast = translate(model, tokenizer, lines, beam_size=3, nbest=2, max_len=6)
+    assert [[t for t, _ in p] for p in plain] == [[t for t, _ in f] for f in fast]
+    assert all(abs(a[1] - b[1]) < 1e-5 for p, f in zip(plain, fast) for a, b in zip(p, f))
+    kinds = {type(m) for m in model.modules() if isinstance(m, MultiHeadedAttention)}
+    assert kinds == {MultiHeadedAttention}
+    with pytest.raises(ConfigError, match="precision='fp8'"):
+        with fast_decoding(model, "fp8"):
+            pass

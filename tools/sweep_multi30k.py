@@ -39,6 +39,7 @@ import torch  # noqa: E402
 from annotated.errors import ExpectedError  # noqa: E402
 from annotated.evaluation.translation import load_model, score  # noqa: E402
 from annotated.experiments.throughput import measure_throughput  # noqa: E402
+from annotated.precision import fast_decoding  # noqa: E402
 from annotated.training.checkpoints import checkpoint_paths  # noqa: E402
 from annotated.training.provenance import provenance  # noqa: E402
 from annotated.training.registry import TASKS, build_config  # noqa: E402
@@ -164,7 +165,8 @@ def bleu_on_test2016(run: Path, last: int = 5, every_bleu: bool = False) -> dict
     (5, as the profiles keep): sacreBLEU, and with `every_bleu` every score of `evaluate`."""
     model, tokenizer, cfg = load_model(checkpoint_paths(run)[-last:], device=DEVICE)
     pairs = TASKS[cfg.task].test_sets(cfg)["test2016"]()
-    scores = score(model, tokenizer, pairs)  # the paper's beam and alpha, its defaults
+    with fast_decoding(model):
+        scores = score(model, tokenizer, pairs)  # the paper's beam and alpha, its defaults
     del scores["translations"]
     if not every_bleu:  # what the CPU sweep's records hold
         scores = {k: scores[k] for k in ("sacrebleu", "decode_seconds")}

@@ -31,6 +31,7 @@ from ..data.download import decode_lines
 from ..errors import DataError
 from ..evaluation.translation import load_model, translate
 from ..files import check_writable, output_path
+from ..precision import fast_decoding
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-translate-c006
@@ -125,8 +126,9 @@ def _translate_all(args) -> None:
 
 def _translated(args, model, tokenizer, raw: list[bytes], first: int, name: str) -> list:
     lines = decode_lines(raw, name, first)
-    return translate(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
-                     batch_size=args.batch_size, progress=True, nbest=args.nbest)  # fmt: skip
+    with fast_decoding(model):
+        return translate(model, tokenizer, lines, beam_size=args.beam, alpha=args.alpha,
+                         batch_size=args.batch_size, progress=True, nbest=args.nbest)  # fmt: skip
 
 
 def _rows(first: int, translated: list) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Any
 from ..beam import ALPHA, BEAM_SIZE
 from ..errors import TrainingError
 from ..files import atomic_path, lock_holder
+from ..precision import fast_decoding
 from ..training.checkpoints import checkpoint_paths, checkpoint_step
 from ..training.provenance import git_commit
 from ..training.registry import TASKS
@@ -87,9 +88,9 @@ def evaluate_run(
     for name, load in test_sets.items():
         every = load()
         pairs = every[:limit] if limit else every
-        scores = score(
-            model, tokenizer, pairs, beam_size=beam_size, alpha=alpha, lang=lang, progress=progress
-        )
+        with fast_decoding(model):
+            scores = score(model, tokenizer, pairs, beam_size=beam_size, alpha=alpha, lang=lang,
+                           progress=progress)  # fmt: skip
         hyps = scores.pop("translations")
         report["tests"][name] = {"sentences": len(pairs), "of": len(every), **scores}
         report["translations"][name] = [
@@ -195,6 +196,7 @@ def bleu_per_checkpoint(
             continue  # pruned by a trainer still running there
         load = next(iter(TASKS[cfg.task].test_sets(cfg).values()))
         pairs = load()[:limit] if limit else load()
-        bleu = score(model, tokenizer, pairs, beam_size=beam_size, alpha=alpha)["sacrebleu"]
+        with fast_decoding(model):
+            bleu = score(model, tokenizer, pairs, beam_size=beam_size, alpha=alpha)["sacrebleu"]
         scores[checkpoint_step(path)] = bleu
     return scores

@@ -25,14 +25,15 @@ import torch
 from torch import Tensor, nn
 
 from ..batching import BOS, EOS, make_batch
-from ..data.tokenizer import Tokenizer, load_tokenizer
+from ..data.tokenizer import load_tokenizer
 from ..decoding import as_classes
+from ..evaluation.translation import TokenizerLike
 from ..model import ModelConfig, make_model
 from ..multihead import MultiHeadedAttention
 
 
 # %% ../../notebooks/14_attention_maps.ipynb #h2c1
-def translator_model(folder, model_cfg: ModelConfig) -> tuple[nn.Module, Tokenizer]:
+def translator_model(folder, model_cfg: ModelConfig) -> tuple[nn.Module, TokenizerLike]:
     """The model of an ONNX export (appendix A5) read back into `make_model(**model_cfg)`, with
     its tokenizer: each named array by name; each linear layer's matrix, stored transposed under
     a generated name, by the bias added after it."""

@@ -8,28 +8,16 @@ __all__ = [
     "SHORT",
     "LONG",
     "WARMUP",
-    "dev_scores",
     "warmup_row",
+    "dev_scores",
     "run_variation",
     "sweep",
 ]
 
 # %% ../../notebooks/15_ablations.ipynb #c002
 # Table 3 at Multi30k scale (chapter 15): the paper's variations as named overrides of one
-# configuration, and their scores on the development set. Appendix A3 trains them.
-import math
-from pathlib import Path
-
-import torch
-
-from ..batching import BOS, EOS, PAD, make_batch
-from ..beam import ALPHA, BEAM_SIZE
-from ..data.multi30k import load_multi30k
-from ..evaluation.translation import load_model, score
-from ..loss import LabelSmoothing
+# configuration, and the warm-up grid. Appendix A3 trains and scores them.
 from ..schedule import WARMUP as PAPER_WARMUP
-from ..training.checkpoints import checkpoint_paths
-from ..training_step import loss_on_batch
 
 # %% ../../notebooks/15_ablations.ipynb #c005
 VARIATIONS: dict[str, list[str]] = {
@@ -54,34 +42,6 @@ VARIATIONS: dict[str, list[str]] = {
 }
 GRIDS = {"full": list(VARIATIONS), "ci": ["base", "(A) h=1", "(D) smoothing=0"]}
 ROWS = dict(VARIATIONS)  # every row run_variation knows by name: these, and the warm-up grid's
-
-
-# %% ../../notebooks/15_ablations.ipynb #c007
-@torch.no_grad()
-def dev_scores(run_dir, *, sentences: int | None = None, beam_size: int = BEAM_SIZE) -> dict:
-    """Perplexity and sacreBLEU of a Multi30k run's last checkpoint on the validation split."""
-    model, tokenizer, _ = load_model(checkpoint_paths(Path(run_dir))[-1:])
-    pairs = load_multi30k("val")
-    nll = LabelSmoothing(tokenizer.vocab_size, PAD, 0.0)  # smoothing 0: the log-likelihood
-    total = tokens = 0.0
-    for k in range(0, len(pairs), 128):
-        chunk = pairs[k : k + 128]
-        batch = make_batch(
-            [tokenizer.encode(s) + [EOS] for s, _ in chunk],
-            [[BOS] + tokenizer.encode(t) + [EOS] for _, t in chunk],
-        )
-        total += loss_on_batch(model, batch, nll).item()
-        tokens += batch.ntokens
-    scored = pairs[:sentences] if sentences else pairs
-    result = score(model, tokenizer, scored, beam_size=beam_size, alpha=ALPHA)
-    samples = [[*pair, hyp] for pair, hyp in zip(scored[:3], result["translations"])]
-    parameters = sum(p.numel() for p in model.parameters())
-    return {
-        "perplexity": math.exp(total / tokens),
-        "bleu": result["sacrebleu"],
-        "parameters": parameters,
-        "samples": samples,  # the first three: [source, reference, translation]
-    }
 
 
 # %% ../../notebooks/15_ablations.ipynb #w001
@@ -115,15 +75,55 @@ GRIDS["warmup"] = list(WARMUP)
 import contextlib
 import io
 import json
+import math
 import re
 import time
+from pathlib import Path
 
+import torch
+
+from ..batching import BOS, EOS, PAD, make_batch
+from ..beam import ALPHA, BEAM_SIZE
+from ..data.multi30k import load_multi30k
 from ..errors import ConfigError, Diverged
+from ..evaluation.translation import load_model, score
 from ..files import write_text_atomic
-from ..training.checkpoints import checkpoint_step
+from ..loss import LabelSmoothing
+from ..precision import fast_decoding
+from ..training.checkpoints import checkpoint_paths, checkpoint_step
 from ..training.provenance import provenance
 from ..training.registry import build_config
 from ..training.trainer import train
+from ..training_step import loss_on_batch
+
+
+# %% ../../notebooks/A3_command_lines.ipynb #a3-t3-dev
+@torch.no_grad()
+def dev_scores(run_dir, *, sentences: int | None = None, beam_size: int = BEAM_SIZE) -> dict:
+    """Perplexity and sacreBLEU of a Multi30k run's last checkpoint on the validation split."""
+    model, tokenizer, _ = load_model(checkpoint_paths(Path(run_dir))[-1:])
+    pairs = load_multi30k("val")
+    nll = LabelSmoothing(tokenizer.vocab_size, PAD, 0.0)  # smoothing 0: the log-likelihood
+    total = tokens = 0.0
+    for k in range(0, len(pairs), 128):
+        chunk = pairs[k : k + 128]
+        batch = make_batch(
+            [tokenizer.encode(s) + [EOS] for s, _ in chunk],
+            [[BOS] + tokenizer.encode(t) + [EOS] for _, t in chunk],
+        )
+        total += loss_on_batch(model, batch, nll).item()
+        tokens += batch.ntokens
+    scored = pairs[:sentences] if sentences else pairs
+    with fast_decoding(model):
+        result = score(model, tokenizer, scored, beam_size=beam_size, alpha=ALPHA)
+    samples = [[*pair, hyp] for pair, hyp in zip(scored[:3], result["translations"])]
+    parameters = sum(p.numel() for p in model.parameters())
+    return {
+        "perplexity": math.exp(total / tokens),
+        "bleu": result["sacrebleu"],
+        "parameters": parameters,
+        "samples": samples,  # the first three: [source, reference, translation]
+    }
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #a3-t3-c009
