@@ -127,7 +127,7 @@ def paper_path() -> list[Path]:
 
 
 WORDS_PER_MINUTE = 230
-LIMITS = {"chapter_minutes": 12, "chapter_lines": 250, "path_minutes": 88}
+LIMITS = {"chapter_minutes": 12, "chapter_lines": 250, "path_minutes": 70}
 
 
 def reading_minutes_and_lines(notebook: dict) -> tuple[float, int]:
@@ -152,7 +152,7 @@ def test_reading_time_is_measured_as_documented():
 
 def test_the_papers_path_reads_in_one_sitting():
     """Every chapter of the paper's path within 12 minutes of prose and 250 exported lines, and
-    the whole path within 90 minutes; the engineer's chapters within 12 minutes each. The table
+    the whole path within 70 minutes; the engineer's chapters within 12 minutes each. The table
     is printed (pytest -s shows it)."""
     path = paper_path()
     over, total = [], 0.0

@@ -41,9 +41,10 @@ def test_evaluate_and_write_results(copy_run, tmp_path, monkeypatch):
     for bleu in ("sacrebleu", "tokenized_bleu", "compound_split_bleu", "tokenized_lowercased_bleu"):
         assert toy[bleu] >= 90 and toy[f"{bleu}_signature"]
     assert "##AT##" in toy["compound_split_bleu_signature"] and toy["of"] == 4
-    every = evaluation.evaluate_run(copy_run, limit=2)  # all kept checkpoints, two sentences
+    every = evaluation.evaluate_run(copy_run, limit=2)  # the paper's window, two sentences
     kept = sorted(p.name for p in (copy_run / "checkpoints").glob("ckpt_*.pt"))
-    assert every["checkpoints"] == kept and len(kept) == 4  # steps 100 to 400
+    assert len(kept) == 4  # steps 100 to 400: only 400 lies in the last 7% of the run
+    assert every["checkpoints"] == ["ckpt_00000400.pt"] and "section 6.1" in every["chosen"]
     assert (every["tests"]["toy"]["sentences"], every["tests"]["toy"]["of"]) == (2, 4)
     assert [t["source"] for t in every["translations"]["toy"]] == [s for s, _ in pairs[:2]]
     out = tmp_path / "results"
@@ -359,3 +360,35 @@ def test_the_sweep_and_the_browser_model_report_what_score_returns(
         "beam 1": calls[0][2]["translations"],
         "beam 4": calls[1][2]["translations"],
     }
+
+
+def test_evaluate_scores_the_papers_window_or_the_best_validation(tmp_path):
+    """By default `evaluate` averages the kept checkpoints of the last 7% of the steps, as the
+    paper averaged its last five of twelve hours; a run that validated is scored at its best
+    validation; --last and --best ask for either. The command says which it scored."""
+    from annotated.evaluation.runs import PAPER_WINDOW, chosen_checkpoints
+
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    for step in range(20, 401, 20):  # a run that checkpointed every 20 steps, keeping them all
+        (out / "checkpoints" / f"ckpt_{step:08d}.pt").write_bytes(b"")
+    paths, why = chosen_checkpoints(out)
+    steps = [int(p.stem[5:]) for p in paths]
+    assert steps == [380, 400] and steps[0] >= 400 * (1 - PAPER_WINDOW) > 360, (steps, why)
+    assert [int(p.stem[5:]) for p in chosen_checkpoints(out, last=5)[0]] == list(
+        range(320, 401, 20)
+    )
+    with pytest.raises(TrainingError, match="did not validate"):
+        chosen_checkpoints(out, best=True)
+    (out / "best.json").write_text(json.dumps({"step": 240, "checkpoint": "ckpt_00000240.pt"}))
+    paths, why = chosen_checkpoints(out)  # it validated: its best
+    assert [p.name for p in paths] == ["ckpt_00000240.pt"] and "best.json" in why
+    assert len(chosen_checkpoints(out, best=False)[0]) == 2  # the window, asked for
+
+
+def test_the_evaluate_command_says_which_checkpoints_it_scored(copy_run, monkeypatch, capsys):
+    pairs = [("3 4 5 6", "3 4 5 6")]
+    monkeypatch.setattr(CopyTask, "test_sets", staticmethod(lambda cfg: {"toy": lambda: pairs}))
+    assert evaluate.main(["--run", str(copy_run), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "scored ckpt_00000400.pt: the kept checkpoints of the last 7% of training" in out, out

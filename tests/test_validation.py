@@ -1,5 +1,6 @@
-"""Validation while training (chapter 22): the dev loss and BLEU logged at every checkpoint, the
-best checkpoint kept and used, early stopping, and a resumed run that stays exact."""
+"""Validation while training (chapter 21): the dev loss and BLEU logged at a checkpoint on an
+interval of their own, the best checkpoint kept and used, early stopping by either measure, and
+a resumed run that stays exact."""
 
 import json
 import subprocess
@@ -15,7 +16,7 @@ from annotated.training.run_folder import read_metrics
 from helpers import final_weights, run_trainer, sets
 
 TINY = sets("model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2", "log_every=5")
-STEPS = sets("checkpoint_every=10", "valid_sentences=40")
+STEPS = sets("checkpoint_every=10", "valid_sentences=40", "valid_every=0")  # every checkpoint
 
 
 def corpus(root, pairs):
@@ -88,8 +89,11 @@ def test_patience_stops_the_run_when_the_dev_bleu_stalls(data, tmp_path):
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")[0] if "dev_bleu" in r]
     assert steps == [10, 20, 30], steps  # the best at 10, then two without a better one
     assert sorted(p.name for p in (out / "checkpoints").glob("ckpt_*.pt"))[-1] == "ckpt_00000030.pt"
-    assert "has not improved for 2 validations; stopping" in r.stdout, r.stdout
-    assert "done:" in r.stdout + r.stderr
+    said = (
+        "(stopped early: the dev BLEU has not improved by more than 0 for 2 validations; the best"
+    )
+    assert said in r.stdout and "at step 10, is in best.json)" in r.stdout, r.stdout
+    assert "done: step 30/100" in r.stdout and "s validating" in r.stdout
 
 
 def test_validation_changes_no_weight_and_a_resumed_run_stays_exact(data, tmp_path):
@@ -120,8 +124,9 @@ def test_a_task_or_folder_without_a_validation_set_is_a_message(data, tmp_path):
                     str(tmp_path / "copy"), check=False)  # fmt: skip
     assert r.returncode == 2 and "the copy task has no validation set" in r.stderr, r.stderr
     r = run_trainer("--config", "parallel", *sets(f"data.path={data / 'no-valid'}"), *TINY,
-                    *STEPS, "--out", str(tmp_path / "own"), check=False)  # fmt: skip
-    assert r.returncode == 2 and "--valid SRC,REF" in r.stderr and "Traceback" not in r.stderr
+                    *STEPS, *sets("max_steps=10"), "--out", str(tmp_path / "own"))  # fmt: skip
+    assert "does not validate; prepare it again with --valid SRC,REF" in r.stderr, r.stderr
+    assert not (tmp_path / "own" / "best.json").exists()  # it trained, without validating
     run_trainer("--config", "parallel", *sets(f"data.path={data / 'no-valid'}", "max_steps=2"),
                 *TINY, "--out", str(tmp_path / "own2"))  # fmt: skip
     evaluate = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path / "own2")]
@@ -172,3 +177,40 @@ def test_a_resumed_run_validates_what_ctrl_c_cut_short_and_rewrites_a_lost_best_
     best = json.loads((out / "best.json").read_text())
     assert best["checkpoint"] == "ckpt_00000010.pt"  # the first of equal scores, kept from pruning
     assert (out / "checkpoints" / "ckpt_00000010.pt").is_file()
+
+
+def test_validation_has_an_interval_of_its_own_and_a_measure_and_margin_of_choice(data, tmp_path):
+    """valid_every: at the first checkpoint that many steps after the last validation; with
+    best_metric=dev_loss and a margin, a model that does not change never improves, so patience
+    stops it, naming the measure."""
+    out = tmp_path / "every"
+    frozen = sets("optim.lr_factor=1e-9", "precision=fp32", "checkpoint_every=10")
+    train(data, out, *frozen, *sets("valid_sentences=20", "valid_every=25", "max_steps=60"))
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")[0] if "dev_bleu" in r]
+    assert steps == [30, 60], steps
+    settings = sets("valid_sentences=20", "valid_every=0", "best_metric=dev_loss",
+                    "min_improvement=0.01", "patience=2", "max_steps=100")  # fmt: skip
+    r = train(data, tmp_path / "loss", *frozen, *settings)
+    assert "(stopped early: the dev loss has not improved by more than 0.01 for 2" in r.stdout
+    assert "done: step 30/100" in r.stdout, r.stdout
+    r = run_trainer("--config", "copy", *sets("best_metric=dev_ppl"), "--out",
+                    str(tmp_path / "bad"), check=False)  # fmt: skip
+    assert r.returncode == 2 and "best_metric" in r.stderr and "dev_bleu or dev_loss" in r.stderr
+
+
+def test_a_validation_is_shown_and_left_out_of_the_training_time(tmp_path):
+    """Progress.paused: the bar names the pause, and its seconds leave the run's training clock
+    (so max_minutes and elapsed_s), the tokens-per-second window and tqdm's rate."""
+    import time
+
+    from annotated.training.registry import build_config
+    from annotated.training.run_folder import Progress
+
+    log = Progress(tmp_path, build_config("copy"), 0, 0.0, writes=True, bar=True)
+    start, window, bar_start = log.start, log.window_start, log.bar.start_t
+    with log.paused("validating"):
+        assert log.bar.desc.startswith("validating")
+        time.sleep(0.3)
+    assert log.start - start >= 0.3 and log.window_start - window >= 0.3
+    assert log.paused_s >= 0.3 and log.bar.start_t - bar_start >= 0.3 and not log.bar.desc
+    log.close()

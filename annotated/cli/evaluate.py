@@ -42,14 +42,16 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--last",
         type=int,
-        help="checkpoints to average (default: all the run kept, its keep_last; the paper "
-        "averaged 5 for base models, 20 for big)",
+        help="average the last N checkpoints instead (the paper averaged 5 for base models, "
+        "20 for big)",
     )
     ap.add_argument(
         "--best",
         action="store_true",
-        help="score the run's best checkpoint by dev BLEU alone (a run trained with "
-        "valid_sentences), instead of averaging the last ones",
+        default=None,
+        help="score the run's best validation (best.json) alone; the default when the run "
+        "validated, else the kept checkpoints of the paper's window (its last 7%% of steps) "
+        "are averaged",
     )
     ap.add_argument("--limit", type=int, help="translate only the first N sentences of each set")
     ap.add_argument("--beam", type=int, default=BEAM_SIZE)
@@ -195,6 +197,7 @@ def _evaluate(ap: argparse.ArgumentParser, args, argv: list[str]) -> None:
         device=args.device,
         progress=True,
     )
+    print(f"scored {', '.join(report['checkpoints'])}: {report['chosen']}")
     _print_scores(report)
     if args.results:
         command = " ".join(["python -m annotated.cli.evaluate", *argv])

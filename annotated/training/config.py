@@ -2,6 +2,7 @@
 
 # %% auto #0
 __all__ = [
+    "BEST_METRICS",
     "D",
     "BUCKET_FILL",
     "MODELS",
@@ -125,6 +126,9 @@ class TaskData(Checked):
         return "de"  # the book's tasks translate into German unless they say otherwise
 
 
+BEST_METRICS = ("dev_bleu", "dev_loss")  # what a validation is judged by (chapter 21)
+
+
 @dataclass
 class TrainConfig(Checked):
     """Everything that defines a training run: the task and its data, the model, the batch,
@@ -145,8 +149,13 @@ class TrainConfig(Checked):
     log_every: int = 100  # steps between metrics-log lines
     seed: int = 0
     init: str = ""  # fine-tuning: start from this checkpoint's weights (chapter 27)
-    valid_sentences: int = 0  # dev pairs scored at each checkpoint (0 = no validation; 6h)
-    patience: int = 0  # stop after this many validations without a better dev BLEU (0 = never)
+    # validation (chapter 21), at a checkpoint once an interval has passed (both 0: at each one)
+    valid_sentences: int = 0  # dev pairs scored (0 = no validation)
+    valid_every: int = 0  # steps between validations
+    valid_minutes: float = 0.0  # or minutes of training between validations (0 = off)
+    best_metric: str = "dev_bleu"  # what "best" means: dev_bleu (higher) or dev_loss (lower)
+    min_improvement: float = 0.0  # a validation is better only by more than this
+    patience: int = 0  # stop after this many validations without a better one (0 = never)
     # speed (chapter 16): the same model and loss; precision also changes the rounding
     fast: bool = True  # make_fast(model) and FusedLabelSmoothing; False: the reference path
     precision: str = "auto"  # fp32, bf16, fp16 (with a gradient scaler); auto: per device
@@ -157,6 +166,7 @@ class TrainConfig(Checked):
         minutes = [
             (self.max_minutes, "max_minutes", "no time limit"),
             (self.checkpoint_minutes, "checkpoint_minutes", "off"),
+            (self.valid_minutes, "valid_minutes", "off"),
         ]
         return [
             *[
@@ -167,6 +177,9 @@ class TrainConfig(Checked):
             (self.checkpoint_every >= 0, "checkpoint_every", "must be 0 (only at the end) or more"),
             (0 <= self.seed < 2**63, "seed", "must be a whole number from 0 to 2**63 - 1"),
             (self.valid_sentences >= 0, "valid_sentences", "must be 0 (off) or more"),
+            (self.valid_every >= 0, "valid_every", "must be 0 (at every checkpoint) or more"),
+            (self.best_metric in BEST_METRICS, "best_metric", "must be dev_bleu or dev_loss"),
+            (0 <= self.min_improvement < math.inf, "min_improvement", "must be 0 or more"),
             (
                 self.patience == 0 or (self.patience > 0 and self.valid_sentences > 0),
                 "patience",

@@ -84,20 +84,24 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         "task": "multi30k", "data.vocab": 8000,  # IWSLT batches, 8 minutes (multi30k-gpu-sweep)
         "model.N": 3, "model.d_model": 256, "model.d_ff": 1024, "model.h": 4,
         "model.dropout": 0.3, "model.max_len": 256, "optim.warmup": 1000, "batch.max_tokens": 4096,
-        "max_steps": 12_000, "max_minutes": 8.0, "checkpoint_every": 250, "log_every": 50}),
+        "max_steps": 12_000, "max_minutes": 8.0, "checkpoint_every": 250, "log_every": 50,
+        "valid_sentences": 500, "valid_every": 2000}),  # validation: chapter 21
     "multi30k-small": ("multi30k", {  # chapter 15's rows: 3 layers of width 128, a peak rate
         "model.N": 3, "model.d_model": 128, "model.d_ff": 512, "model.h": 4, "model.dropout": 0.1,
         "optim.lr_factor": 0.32, "optim.warmup": 100, "batch.max_tokens": 2000,  # 2x the paper's
-        "max_steps": 1400, "max_minutes": 0.0, "checkpoint_every": 20, "log_every": 10}),
+        "max_steps": 1400, "max_minutes": 0.0, "checkpoint_every": 20, "log_every": 10,
+        "valid_sentences": 150, "valid_every": 350}),
     "multi30k-cpu": ("multi30k-small", {  # chapter 11, CPU profile (results/multi30k-cpu-sweep)
-        "model.N": 2, "optim.lr_factor": 1.0, "optim.warmup": 800, "max_steps": 2600}),
+        "model.N": 2, "optim.lr_factor": 1.0, "optim.warmup": 800, "max_steps": 2600,
+        "valid_every": 260}),  # 10 validations, 3% of the run (results/multi30k-cpu-valid)
     "wmt14-base": ("", {  # chapter 25: the base model, 100k steps of ~25,000 tokens a side
         "task": "wmt14", "model.max_len": 1024,
         "batch.tokens_per_step": 25_000, "batch.max_tokens": 32_768, "batch.accum": 0,
-        "checkpoint_every": 1400, "checkpoint_minutes": 10.0}),  # the paper's 10 minutes
+        "checkpoint_every": 1400, "checkpoint_minutes": 10.0,  # the paper's 10 minutes
+        "valid_sentences": 500, "valid_every": 5000}),  # newstest2013's first 500, 20 times
     "wmt14-big": ("wmt14-base", {  # chapter 25: the big model, en-de, 300k steps
         "model": "big", "batch.max_tokens": 16_384,
-        "max_steps": 300_000, "checkpoint_every": 600, "keep_last": 20}),
+        "max_steps": 300_000, "checkpoint_every": 600, "keep_last": 20, "valid_every": 10_000}),
     "wmt14-enfr-big": ("wmt14-big", {  # chapter 25: the big model, en-fr (dropout: section 6.1)
         "data.pair": "en-fr", "model.dropout": 0.1}),
     "parallel": ("multi30k-cpu", {  # chapter 27: your corpus, the CPU profile, 30 minutes

@@ -178,6 +178,9 @@ def check_run_folder(out: Path, cfg: TrainConfig, resume: bool, owner: bool) -> 
 
 
 # %% ../../notebooks/22_the_loop.ipynb #c015d
+from contextlib import contextmanager
+
+
 class Progress:
     """The progress bar and metrics.jsonl of the first process (the others write nothing)."""
 
@@ -207,6 +210,7 @@ class Progress:
         self.start = self.window_start = time.time()
         self.earlier = earlier
         self.window_tokens, self.window_waited = 0, 0.0
+        self.paused_s = 0.0  # seconds of validation in this session, not training time
 
     def update(
         self, step, loss, lr, tokens: int, skipped=None, grad_norm=None, *, waited=0.0, last=False
@@ -235,6 +239,21 @@ class Progress:
             if self.board:
                 board_record(self.board, record)
             self.window_tokens, self.window_start, self.window_waited = 0, time.time(), waited
+
+    @contextmanager
+    def paused(self, what: str):
+        """A pause in training, a validation: named on the bar, and left out of the run's
+        training time (so of max_minutes), its tokens per second and the bar's time left."""
+        started = time.time()
+        self.bar.set_description(what, refresh=True)
+        try:
+            yield
+        finally:
+            pause = time.time() - started
+            self.start, self.window_start = self.start + pause, self.window_start + pause
+            self.paused_s += pause
+            self.bar.set_description("", refresh=False)
+            self.bar.unpause()  # tqdm's clock, for its rate and time left
 
     def note(self, record: dict) -> None:
         """Log a record that is not a step's, a validation's (chapter 22's last section)."""
@@ -273,8 +292,11 @@ def own_run_folder(out: Path, rank: int, world: int, device):
 
 
 # %% ../../notebooks/22_the_loop.ipynb #c015e3
-def run_summary(out, cfg, step, seconds, loss, run_tokens, last_path, world, rank) -> dict:
-    """What `train` returns, and the line the first process prints at the end."""
+def run_summary(out, cfg, step, seconds, loss, run_tokens, last_path, world, rank, *,
+                reason: str = "", validating: float = 0.0) -> dict:  # fmt: skip
+    """What `train` returns, and the line the first process prints at the end. `seconds`: of
+    training; `validating`: the seconds validations took besides; `reason`: why the run
+    stopped before max_steps (early stopping), if it did."""
     kept = checkpoint_paths(out)
     last_path = last_path or (kept[-1] if kept else None)  # a run resumed past its end wrote none
     summary = {
@@ -284,13 +306,17 @@ def run_summary(out, cfg, step, seconds, loss, run_tokens, last_path, world, ran
         "loss": loss,
         "world_size": world,
         "target_tokens_per_s": run_tokens / seconds if seconds > 0 else 0.0,
+        "validation_seconds": validating,
     }
     if rank == 0:
         limit = f" (time limit: {cfg.max_minutes:g} min)" if step < cfg.max_steps else ""
+        limit = f" ({reason})" if reason else limit
         if step > cfg.max_steps:
             limit = " (it had passed max_steps before: nothing was trained)"
         print(
-            f"done: step {step}/{cfg.max_steps}{limit} in {seconds:.1f} s "
+            f"done: step {step}/{cfg.max_steps}{limit} in {seconds:.1f} s"
+            + (f" and {validating:.1f} s validating" if validating else "")
+            + " "
             f"({summary['target_tokens_per_s']:,.0f} target tokens/s). "
             f"Checkpoints: {out / 'checkpoints'} "
             f"(last: {last_path.name if last_path else 'none'}); "

@@ -57,7 +57,7 @@ from ..training_step import loss_on_batch, train_step
 from .prefetch import Prefetcher
 from .provenance import git_commit
 from .registry import TASKS, Task
-from .validation import Validator, checkpoint_run
+from .validation import Validator, checkpoint_run, stopping_early
 
 
 # %% ../../notebooks/20_building_and_resuming.ipynb #c015
@@ -287,7 +287,7 @@ def _train_locked(
     if dev is not None:
         dev.catch_up(run.model, run.step, log)  # a validation that Ctrl-C cut short, done now
     batches = run_batches(run, rank, device, cfg.max_steps)
-    last_path, loss, run_tokens, last_time = None, None, 0, time.time()
+    last_path, loss, run_tokens, last_time, reason = None, None, 0, time.time(), ""
     earlier = run.seconds  # what a resumed run had trained before
     time_up = out_of_time(cfg, run.seconds, world, device)
     run.model.train()
@@ -305,8 +305,8 @@ def _train_locked(
             )
             if rank == 0 and (time_up or checkpoint_due(cfg, run.step, last_time)):
                 last_path, last_time = checkpoint_run(out, run, cfg, world, dev, log), time.time()
-            if cfg.patience and all_sum(float(bool(dev and dev.stop_early())), world, device):
-                break  # early stopping: the dev BLEU stopped improving (best.json names the best)
+            if cfg.patience and (reason := stopping_early(dev, world, device)):
+                break  # every process after the same step; best.json names the best
             if stop.agreed(world, device):  # SIGTERM or SIGUSR1: save this step and stop
                 raise _stopped(out, run, cfg, rank, world, device, stop, last_path)
     except (KeyboardInterrupt, RuntimeError) as e:  # Ctrl-C, or a micro-batch too large
@@ -316,7 +316,7 @@ def _train_locked(
     finally:
         batches.close()
         log.close()
-    summary = run_summary(
-        out, cfg, run.step, time.time() - log.start, loss, run_tokens, last_path, world, rank
-    )
+    seconds, validating = time.time() - log.start, log.paused_s  # validations left out
+    summary = run_summary(out, cfg, run.step, seconds, loss, run_tokens, last_path, world, rank,
+                          reason=reason, validating=validating)  # fmt: skip
     return {**summary, "training_seconds": run.seconds, "data_wait_s": batches.waited}
