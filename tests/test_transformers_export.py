@@ -3,7 +3,9 @@ MarianTokenizer load the folder and compute what the book's model computes, gree
 search give the book's tokens, and what Marian cannot hold is refused with what to do."""
 
 import json
+import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -28,6 +30,8 @@ from annotated.deploy.transformers_model import (  # noqa: E402
     export_transformers,
     marian_generate,
     marian_order,
+    marian_vocab,
+    to_marian,
 )
 
 RESULTS = {  # the parts of a results.json (chapter 11) that the model card shows
@@ -110,16 +114,24 @@ def random_model(tokenizer, **kind):
 
 
 def logit_gap(model, marian, tokenizer, sentences) -> float:
-    """The largest difference between the book's logits and Marian's on a batch of sentences,
-    each with another sentence as its target (teacher forcing)."""
+    """The largest difference between the book's log-probabilities and Marian's (in the book's
+    order of the ids) on a batch of sentences, each with another sentence as its target
+    (teacher forcing). Marian's logits are the book's less one number per position, which the
+    zero start embedding subtracts from them all (start_from_zero)."""
     ids = [tokenizer.encode(s) + [EOS] for s in sentences]
     half = len(ids) // 2
     batch = make_batch(ids[:half], [[BOS, *x[:-1]] for x in ids[half : 2 * half]])
+    size = tokenizer.vocab_size
+    as_marian = lambda t: torch.tensor([to_marian(row, size) for row in t.tolist()])  # noqa: E731
     with torch.no_grad():
         ours = model.generator.proj(model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask))
         mask = (batch.src != PAD).long()
-        theirs = marian(input_ids=batch.src, attention_mask=mask, decoder_input_ids=batch.tgt)
-    return (ours - theirs.logits)[batch.tgt != PAD].abs().max().item()
+        theirs = marian(input_ids=as_marian(batch.src), attention_mask=mask,
+                        decoder_input_ids=as_marian(batch.tgt)).logits  # fmt: skip
+    book_order = torch.empty_like(theirs)
+    book_order[..., marian_vocab(size)] = theirs  # Marian's id j is the book's marian_vocab[j]
+    gap = ours.log_softmax(-1) - book_order.log_softmax(-1)
+    return gap[batch.tgt != PAD].abs().max().item()
 
 
 def test_the_order_turns_the_papers_sinusoid_into_marians(exported):
@@ -145,9 +157,14 @@ def test_the_exported_model_computes_the_books_logits(exported, sources):
 
 def test_marian_tokenizer_gives_the_books_ids_and_text(exported, sources):
     _, tokenizer, _, folder, _, marian_tokenizer = exported
-    assert marian_tokenizer(sources).input_ids == [tokenizer.encode(s) + [EOS] for s in sources]
+    size = tokenizer.vocab_size
+    book = [to_marian(tokenizer.encode(s) + [EOS], size) for s in sources]
+    assert marian_tokenizer(sources).input_ids == book  # the book's ids in Marian's order
+    vocab = json.loads((folder / "vocab.json").read_text())
+    assert vocab["<pad>"] == size - 1 == marian_tokenizer.pad_token_id  # last, as OPUS-MT's
     ids = [tokenizer.encode(s) for s in sources[:20]]
-    texts = marian_tokenizer.batch_decode([[BOS, *x, EOS] for x in ids], skip_special_tokens=True)
+    texts = marian_tokenizer.batch_decode([to_marian([BOS, *x, EOS], size) for x in ids],
+                                          skip_special_tokens=True)  # fmt: skip
     assert texts == [tokenizer.decode(x) for x in ids]
     assert (folder / "source.spm").read_bytes() == tokenizer.sp.serialized_model_proto()
 
@@ -241,7 +258,10 @@ def test_the_model_card_and_the_generation_settings(exported, trained):
         assert said in card, said
     generation = marian.generation_config
     assert (generation.num_beams, generation.length_penalty, generation.max_length) == (4, 0.6, 128)
-    assert generation.decoder_start_token_id == BOS and generation.eos_token_id == EOS
+    assert (generation.decoder_start_token_id, generation.eos_token_id) == (BOS - 1, EOS - 1)
+    assert generation.bad_words_ids == [[marian.config.pad_token_id]]  # as OPUS-MT's models
+    start = marian.model.decoder.embed_tokens.weight[generation.decoder_start_token_id]
+    assert not start.any()  # decoding starts from a zero embedding, as Marian's does
     assert not generation.forced_eos_token_id and not marian.config.forced_eos_token_id
     assert (
         "((5 + |Y|) / 6)"
@@ -276,3 +296,57 @@ def test_the_export_command_writes_the_folder_with_the_runs_card(trained, tmp_pa
     assert MarianMTModel.from_pretrained(out).config.d_model == 32
     r = subprocess.run([*cmd, "--to", "transformers", str(out)], capture_output=True, text=True)
     assert r.returncode == 2 and "exists" in r.stderr and "Traceback" not in r.stderr
+
+
+def _recipes(folder) -> list[str]:
+    """The Python code blocks of the model card, in order."""
+    card = (folder / "README.md").read_text()
+    return [block.split("```", 1)[0] for block in card.split("```python\n")[1:]]
+
+
+def _run(code: str, folder, sentences: list[str]) -> list[str]:
+    """Run a recipe in the exported folder, on `sentences` instead of its examples."""
+    given = f"sentences = {sentences!r}\n"
+    code = code.replace('sentence = "A dog runs through the snow."\n', "")
+    code = "\n".join(given if line.startswith("sentences = [") else line
+                     for line in code.splitlines())  # fmt: skip
+    if "sentence)" in code or "[sentence]" in code:  # one sentence: once for each
+        body = code.split("\n", 3)[3]  # without the imports and from_pretrained's lines
+        head = code[: len(code) - len(body)]
+        loop = "".join("    " + line + "\n" for line in body.splitlines())
+        code = head + given + "for sentence in sentences:\n" + loop
+    r = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
+                       timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.splitlines()
+
+
+def test_the_model_cards_recipes_and_ctranslate2s_converter_give_the_books_translations(
+    exported, sources, tmp_path
+):
+    """Each recipe of the model card, run as a user would in the exported folder, gives the
+    book's greedy translations of test2016 (`translate`, beam_size=1); CTranslate2's own
+    ct2-transformers-converter converts the folder, as it converts OPUS-MT's models, and its
+    recipe, with the paper's length limit, gives them too. A batch shares the longest source's
+    limit, so a sentence that runs to its own limit may differ: 99% must agree."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import shutil
+
+    from annotated.evaluation.translation import translate
+
+    model, tokenizer, _, folder, _, _ = exported
+    work = tmp_path / "marian"
+    shutil.copytree(folder, work)
+    converter = shutil.which("ct2-transformers-converter") or str(
+        Path(sys.executable).parent / "ct2-transformers-converter"
+    )
+    r = subprocess.run([converter, "--model", str(work), "--output_dir", str(work / "ct2")],
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ctranslate2.Translator(str(work / "ct2")).num_active_batches == 0
+    one, batch, ct2 = _recipes(work)
+    few = sources[:40]
+    book = translate(model, tokenizer, few, beam_size=1)
+    assert _run(one, work, few) == book  # each sentence with its own limit: exactly
+    for recipe in (batch, ct2):
+        assert share_same(book, _run(recipe, work, few)) >= 0.99

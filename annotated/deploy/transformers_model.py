@@ -2,14 +2,16 @@
 
 # %% auto #0
 __all__ = [
-    "GENERATION_NOTE",
     "check_marian",
     "marian_order",
+    "marian_vocab",
+    "to_marian",
+    "from_marian",
     "marian_weights",
+    "start_from_zero",
     "marian_config",
     "write_marian_tokenizer",
     "export_transformers",
-    "model_card",
     "marian_generate",
 ]
 
@@ -17,6 +19,7 @@ __all__ = [
 # A trained model as a Hugging Face transformers model: Marian's layout, with the model dimension
 # reordered so that Marian's own sinusoid is the book's, and the tokenizer as a MarianTokenizer.
 import json
+import math
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +31,7 @@ from ..batching import BOS, EOS, PAD
 from ..beam import ALPHA, BEAM_SIZE, EXTRA_LENGTH
 from ..errors import ConfigError
 from ..files import atomic_path
+from .model_card import GENERATION_NOTE, model_card
 
 
 def _transformers():
@@ -97,6 +101,22 @@ def marian_order(d_model: int) -> torch.Tensor:
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
+def marian_vocab(vocab_size: int) -> torch.Tensor:
+    """Marian's id j is the book's id vocab[j]: the book's ids in their order, with <pad> (0)
+    moved to the end, where OPUS-MT's models keep it and CTranslate2's converter expects it."""
+    return torch.cat([torch.arange(1, vocab_size), torch.tensor([PAD])])
+
+
+def to_marian(ids, vocab_size: int) -> list[int]:
+    """The book's token ids as Marian's."""
+    return [vocab_size - 1 if int(i) == PAD else int(i) - 1 for i in ids]
+
+
+def from_marian(ids, vocab_size: int) -> list[int]:
+    """Marian's token ids as the book's."""
+    return [PAD if int(i) == vocab_size - 1 else int(i) + 1 for i in ids]
+
+
 def _put(theirs, weight: torch.Tensor, bias: torch.Tensor) -> None:
     theirs.weight.copy_(weight)
     theirs.bias.copy_(bias)
@@ -133,22 +153,39 @@ def marian_weights(marian, model) -> None:
         _layer(theirs, ours, o)
     for theirs, ours in zip(marian.model.decoder.layers, model.decoder.layers):
         _layer(theirs, ours, o)
-    marian.model.encoder.embed_tokens.weight.copy_(model.src_embed[0].lut.weight[:, o])
-    marian.model.decoder.embed_tokens.weight.copy_(model.tgt_embed[0].lut.weight[:, o])
-    marian.lm_head.weight.copy_(model.generator.proj.weight[:, o])
-    marian.final_logits_bias.copy_(model.generator.proj.bias[None])
+    v = marian_vocab(model.src_embed[0].lut.num_embeddings)  # rows: Marian's order of the ids
+    marian.model.encoder.embed_tokens.weight.copy_(model.src_embed[0].lut.weight[v][:, o])
+    marian.model.decoder.embed_tokens.weight.copy_(model.tgt_embed[0].lut.weight[v][:, o])
+    marian.lm_head.weight.copy_(model.generator.proj.weight[v][:, o])
+    marian.final_logits_bias.copy_(model.generator.proj.bias[v][None])
+    start_from_zero(marian)
+
+
+@torch.no_grad()
+def start_from_zero(marian) -> None:
+    """Marian's models start decoding from a zero embedding, and CTranslate2 assumes it; the
+    book starts from <s>'s. Subtract <s>'s row from every row of the decoder's embedding, which
+    makes <s>'s zero, and give the difference c (<s>'s row, scaled) back in the first layer of
+    each stack that reads that matrix: Q, K and V read x - c, so their biases gain W c, and
+    W^O's bias gains c, so that the sum x + attention(x) before the first LayerNorm is the
+    book's exactly. A tied output projection then lowers every logit of a position by the
+    same amount, which the softmax does not see."""
+    m, bos = marian.model, BOS - 1  # <s> in Marian's order
+    table = m.decoder.embed_tokens.weight
+    readers = [m.encoder, m.decoder] if table is m.encoder.embed_tokens.weight else [m.decoder]
+    c = table[bos].clone() * math.sqrt(marian.config.d_model)  # scale_embedding
+    table -= table[bos].clone()
+    for stack in readers:
+        attention = stack.layers[0].self_attn
+        for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+            projection.bias += projection.weight @ c
+        attention.out_proj.bias += c
 
 
 # %% ../../notebooks/A5_deploying.ipynb #a5-045
-GENERATION_NOTE = (
-    "transformers scores a beam-search hypothesis as its log-probability / |Y| ** length_penalty;"
-    " the book divides by ((5 + |Y|) / 6) ** 0.6 (Wu et al.). The paper's length limit is the "
-    "source's tokens + 50: generate(..., max_length=n_src + 51), <s> included."
-)
-
-
 def marian_config(model, cfg):
-    """MarianConfig with `model`'s sizes, the book's special ids and `cfg`'s dropout rates."""
+    """MarianConfig with `model`'s sizes, the special ids in Marian's order (marian_vocab) and
+    `cfg`'s dropout rates."""
     first, lut, m = model.encoder.layers[0], model.src_embed[0].lut, cfg.model
     shared = lut.weight is model.tgt_embed[0].lut.weight
     return _transformers().MarianConfig(
@@ -160,19 +197,21 @@ def marian_config(model, cfg):
         encoder_attention_heads=first.self_attn.h, decoder_attention_heads=first.self_attn.h,
         activation_function="relu", scale_embedding=True, dropout=m.dropout,
         attention_dropout=m.attn_dropout, activation_dropout=m.ffn_dropout,
-        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, decoder_start_token_id=BOS,
-        forced_eos_token_id=None, share_encoder_decoder_embeddings=shared,
+        pad_token_id=lut.num_embeddings - 1, bos_token_id=BOS - 1, eos_token_id=EOS - 1,
+        decoder_start_token_id=BOS - 1, forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=shared,
         tie_word_embeddings=shared,
     )  # fmt: skip
 
 
 def write_marian_tokenizer(tokenizer, folder: Path, max_len: int) -> None:
     """MarianTokenizer's files: the SentencePiece model as source.spm and target.spm, vocab.json
-    (each piece's id) and tokenizer_config.json."""
+    (each piece's id, in Marian's order) and tokenizer_config.json."""
     sp = tokenizer.sp
     for name in ("source.spm", "target.spm"):
         (folder / name).write_bytes(sp.serialized_model_proto())
-    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    order = marian_vocab(sp.get_piece_size())
+    vocab = {sp.id_to_piece(int(book)): j for j, book in enumerate(order)}
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1) + "\n",
                                        encoding="utf-8")  # fmt: skip
     names = {"pad_token": PAD, "bos_token": BOS, "eos_token": EOS, "unk_token": sp.unk_id()}
@@ -212,7 +251,8 @@ def export_transformers(model, tokenizer, cfg, out, *, card: dict | None = None)
         marian = transformers.MarianMTModel(marian_config(model, cfg)).eval()
         marian_weights(marian, model)
         marian.generation_config = transformers.GenerationConfig(
-            decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+            decoder_start_token_id=BOS - 1, bos_token_id=BOS - 1, eos_token_id=EOS - 1,
+            pad_token_id=marian.config.pad_token_id, bad_words_ids=[[marian.config.pad_token_id]],
             num_beams=BEAM_SIZE, length_penalty=ALPHA, max_length=max_len,
             length_penalty_note=GENERATION_NOTE,
         )  # fmt: skip
@@ -224,73 +264,13 @@ def export_transformers(model, tokenizer, cfg, out, *, card: dict | None = None)
     return out
 
 
-# %% ../../notebooks/A5_deploying.ipynb #a5-047
-_USAGE = """    from transformers import MarianMTModel, MarianTokenizer
-
-    tokenizer, model = MarianTokenizer.from_pretrained("."), MarianMTModel.from_pretrained(".")
-    batch = tokenizer(["A dog runs."], return_tensors="pt", padding=True)
-    out = model.generate(**batch, max_length=batch["input_ids"].shape[1] + 51)
-    print(tokenizer.batch_decode(out, skip_special_tokens=True))
-"""
-
-
-def _provenance(card: dict) -> list[str]:
-    run, results = card.get("run") or {}, card.get("results") or {}
-    said = [
-        ("Training command", run.get("command")),
-        ("Code", run.get("commit")),
-        ("PyTorch", run.get("torch")),
-        ("Trained on", run.get("device") and f"{run.get('world_size', 1)} x {run['device']}"),
-        ("Precision", run.get("precision")),
-        ("Steps", (results.get("training") or {}).get("steps")),
-        ("Checkpoints averaged", ", ".join(card.get("checkpoints") or []) or None),
-        ("Evaluation command", (results.get("provenance") or {}).get("evaluation_command")),
-    ]
-    lines = [f"- {name}: `{value}`" for name, value in said if value is not None]
-    tests = (results.get("evaluation") or {}).get("tests") or {}
-    if tests:
-        lines += ["", "| test set | sentences | sacreBLEU | signature |", "|---|---|---|---|"]
-        lines += [f"| {name} | {t.get('sentences')} | {t['sacrebleu']:.2f} | "
-                  f"`{t.get('sacrebleu_signature')}` |" for name, t in tests.items()
-                  if "sacrebleu" in t]  # fmt: skip
-    return lines or ["Not recorded: the export was given no run.json or results.json."]
-
-
-def model_card(model, cfg, card: dict) -> str:
-    """README.md of the exported folder: what the model is, how to run it, where it comes from."""
-    first, lut = model.encoder.layers[0], model.src_embed[0].lut
-    shared = lut.weight is model.tgt_embed[0].lut.weight
-    sizes = (
-        f"N={len(model.encoder.layers)} layers, d_model={lut.embedding_dim}, "
-        f"d_ff={first.feed_forward.w_1.out_features}, h={first.self_attn.h}, "
-        f"{lut.num_embeddings} SentencePiece pieces for both languages, "
-        f"{'one embedding matrix shared three ways' if shared else 'separate embeddings'}"
-    )
-    parts = [
-        "---\nlibrary_name: transformers\npipeline_tag: translation\ntags:\n- translation\n"
-        "- marian\n---",
-        "# A Transformer of *Attention Is All You Need, annotated and tested*",
-        f"Task `{cfg.task}`: {sizes}; post-norm, sinusoidal positions, as in the paper. The "
-        "weights are the book's, in the layout of transformers' MarianMTModel (the model "
-        "dimension reordered so that Marian's sinusoid is the paper's).",
-        _USAGE,
-        "Decoding: beam search with 4 beams (generation_config.json). "
-        f"{GENERATION_NOTE} Greedy decoding (num_beams=1) gives the book's tokens. A source "
-        "ends with </s>, which the tokenizer appends. Marian's LayerNorm epsilon is 1e-5, the "
-        "book's 1e-6, so the logits differ slightly (by less than 1e-3 in the book's checks).",
-        "## Where it comes from",
-        "\n".join(_provenance(card)),
-    ]
-    return "\n\n".join(parts) + "\n"
-
-
 # %% ../../notebooks/A5_deploying.ipynb #a5-049
 @torch.no_grad()
 def marian_generate(marian, tokenizer, sentences: list[str], *, beam_size=BEAM_SIZE, alpha=ALPHA,
                     batch_size=128):  # fmt: skip
-    """Each sentence's translation by `marian.generate`, as token ids without <s> and </s>, with
-    the paper's limit, n_src + 50 tokens, for each sentence; `alpha` is transformers' length
-    penalty, |Y| ** alpha (no penalty in greedy search). An empty line gives []."""
+    """Each sentence's translation by `marian.generate`, as the book's token ids without <s> and
+    </s>, with the paper's limit, n_src + 50 tokens, for each sentence; `alpha` is transformers'
+    length penalty, |Y| ** alpha (no penalty in greedy search). An empty line gives []."""
     penalty = alpha if beam_size > 1 else 1.0
     lengths = [len(ids) for ids in tokenizer(sentences).input_ids]  # each with its </s>
     groups: dict[int, list[int]] = {}
@@ -305,5 +285,6 @@ def marian_generate(marian, tokenizer, sentences: list[str], *, beam_size=BEAM_S
             ys = marian.generate(**batch, num_beams=beam_size, length_penalty=penalty,
                                  do_sample=False, max_length=n + EXTRA_LENGTH + 1)  # fmt: skip
             for i, y in zip(part, ys[:, 1:].tolist()):  # without <s>
+                y = from_marian(y, marian.config.vocab_size)  # the book's ids
                 out[i] = y[: y.index(EOS)] if EOS in y else y
     return out
