@@ -23,6 +23,7 @@ from annotated.cli.epilogue import (
 from ..training.config import TrainConfig
 from ..training.config_files import config_text
 from ..training.registry import CONFIGS, build_config
+from ..training.reporting import REPORTERS
 from ..training.run_folder import read_metrics
 from ..training.trainer import train
 
@@ -63,7 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--init", metavar="CHECKPOINT", help="fine-tune: start from its weights (--set init=...)"
     )
-    ap.add_argument("--tensorboard", metavar="FOLDER", help="also write the curves there")
+    ap.add_argument(
+        "--tensorboard", metavar="FOLDER", help="TensorBoard's curves (default: OUT/tensorboard)"
+    )
+    ap.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard curves")
+    ap.add_argument(
+        "--report-to", action="append", default=[], choices=sorted(REPORTERS),
+        help="also send the curves to Weights & Biases or MLflow (repeatable; needs the package)",
+    )  # fmt: skip
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_compute_options(ap, device=False)  # the device is the configuration's
     ap.add_argument(
@@ -86,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--plot {args.plot} is a folder; give the PNG file to write")
     if args.out is None or not args.out.strip():
         ap.error("--out must name a folder (an empty name would train into the current one)")
+    for name in args.report_to:  # found now, not after the run has been set up
+        if importlib.util.find_spec(name) is None:
+            ap.error(f"--report-to {name} needs the {name} package: pip install "
+                     f"'annotated-transformer-book[{name}]' (or pip install {name})")  # fmt: skip
     kept = f"the checkpoints already in {args.out} are intact"
     again = "run the same command (with --resume if it had begun)"
     end = Epilogue(
@@ -113,6 +125,19 @@ def _config_text(args) -> str:
     )
 
 
+def _board(args) -> str | None:
+    """TensorBoard's folder: --tensorboard's, else OUT/tensorboard where the package is
+    installed (a note where it is not); none with --no-tensorboard."""
+    if args.no_tensorboard or args.tensorboard:
+        return None if args.no_tensorboard else args.tensorboard
+    if importlib.util.find_spec("tensorboard") is None:
+        where = Path(args.out) / "tensorboard"
+        print(f"note: no TensorBoard curves (pip install tensorboard for them in {where}); "
+              f"metrics.jsonl holds them", file=sys.stderr)  # fmt: skip
+        return None
+    return str(Path(args.out) / "tensorboard")
+
+
 def _train(args, argv: list[str]) -> None:
     cfg = _config(args)
     train(
@@ -121,7 +146,8 @@ def _train(args, argv: list[str]) -> None:
         resume=args.resume,
         progress=not args.no_progress,
         command=" ".join(["python -m annotated.cli.train", *argv]),
-        tensorboard=args.tensorboard,
+        tensorboard=_board(args),
+        report_to=tuple(args.report_to),
     )
     if args.plot and (not dist.is_initialized() or dist.get_rank() == 0):
         from annotated.experiments.plots import save_run_plot  # matplotlib: only when asked

@@ -33,7 +33,7 @@ from .checkpoints import checkpoint_paths
 from .config import TrainConfig
 from .distributed import all_sum
 from .registry import config_from_record
-from .tensorboard import board_record, open_board
+from .tensorboard import board_record
 
 
 # %% ../../notebooks/19_checkpoints.ipynb #c013c2
@@ -189,7 +189,8 @@ class Progress:
         board=None,
     ):  # fmt: skip
         """`earlier`: the seconds that earlier sessions of a resumed run trained; `board`: a
-        folder for TensorBoard's curves too (chapter 27)."""
+        function of the step that opens writers for the curves too (TensorBoard's, chapter 27;
+        and any of appendix A3's open_reports)."""
         path = out / "metrics.jsonl"
         if writes:
             refuse_link(path)  # never read, rewrite or append through a link
@@ -198,7 +199,7 @@ class Progress:
             self.records = [r for r in read_metrics(path)[0] if r["step"] <= step]
             write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
         self.log = open_in_place(path) if writes else None
-        self.board = open_board(board, step) if writes and board else None
+        self.board = board(step) if writes and board else None
         self.bar = tqdm(
             total=cfg.max_steps,
             initial=step,

@@ -7,6 +7,7 @@ __all__ = ["run_precision", "Run", "build_run", "step_seed", "run_step", "run_ba
 import math
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -57,6 +58,7 @@ from ..training_step import loss_on_batch, train_step
 from .prefetch import Prefetcher
 from .provenance import git_commit
 from .registry import TASKS, Task
+from .reporting import open_reports
 from .validation import Validator, checkpoint_run, stopping_early
 
 
@@ -231,22 +233,26 @@ def train(
     progress: bool = True,
     command: str | None = None,
     tensorboard: str | None = None,
+    report_to: tuple[str, ...] = (),
 ) -> dict:
     """Train according to `cfg`, writing checkpoints and metrics under `out_dir`. Returns a summary.
 
     `command`, if given, is recorded in run.json (the command line uses it for provenance);
-    `tensorboard`, a folder, receives the logged curves for TensorBoard too (chapter 27)."""
+    `tensorboard`, a folder, receives the logged curves for TensorBoard too (chapter 27), and
+    `report_to` names more writers for them, "wandb" or "mlflow" (appendix A3)."""
     # a file: looked for now, not when built, and not on resuming, which reads the run's own
     init = not cfg.init or resume or Path(cfg.init).is_file()
     refuse_broken([(init, "init", "must name a checkpoint file")])
     rank, world, device = setup_distributed()
     out = Path(out_dir)
+    writers = tensorboard or report_to  # opened by the first process, at the step it starts
+    board = partial(open_reports, tensorboard, report_to, out, cfg) if writers else None
     new = not out.exists()
     lock = own_run_folder(out, rank, world, device)  # one trainer per folder
     try:
         with StopRequests() as stop:  # SIGTERM: finish the step, save it, stop
             summary = _train_locked(
-                cfg, out, rank, world, device, resume, progress, command, stop, tensorboard
+                cfg, out, rank, world, device, resume, progress, command, stop, board
             )
         finish_distributed(world)
         return summary
@@ -270,7 +276,7 @@ def _train_locked(
     progress: bool,
     command: str | None,
     stop: StopRequests,
-    board: str | None,
+    board,
 ) -> dict:
     run, saved = _start(cfg, out, resume, rank, world, device)
     precision = run.precision = run_precision(cfg, run, device, world, saved)
