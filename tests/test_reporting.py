@@ -61,3 +61,27 @@ def test_a_missing_package_is_a_message_before_anything_is_set_up(tmp_path):
     assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
     r = copy_run(tmp_path / "run", "--report-to", "comet", check=False)
     assert r.returncode == 2 and "invalid choice: 'comet'" in r.stderr
+
+
+def test_a_writer_that_never_closes_does_not_keep_the_run_alive(monkeypatch):
+    """A writer interrupted by Ctrl-C while it held its lock never closes: Writers.close waits
+    CLOSE_SECONDS for it, then goes on (the thread is a daemon, so the process can end)."""
+    import threading
+    import time
+
+    from annotated.training import reporting
+
+    closed, stuck = [], threading.Event()
+
+    class Stuck:
+        def close(self):
+            stuck.wait()  # never set: as a lock that is never released
+
+    class Fine:
+        def close(self):
+            closed.append(True)
+
+    monkeypatch.setattr(reporting, "CLOSE_SECONDS", 0.2)
+    start = time.time()
+    reporting.Writers([Stuck(), Fine()]).close()
+    assert time.time() - start < 2 and closed == [True]
