@@ -10,6 +10,7 @@ __all__ = [
     "ChecksumError",
     "Diverged",
     "Preempted",
+    "optional_package",
     "out_of_memory",
 ]
 
@@ -38,6 +39,8 @@ def refuse_broken(rules) -> None:
 
 # %% ../notebooks/17_trainer_configuration.ipynb #c002
 # The trainer's and the data code's errors, beside chapter 2's `ExpectedError`.
+import importlib
+
 import torch
 
 
@@ -61,6 +64,18 @@ class Preempted(TrainingError):
     """A run asked to stop (SIGTERM, SIGUSR1) that saved its step first: resume it."""
 
     exit_code = 75  # EX_TEMPFAIL: try again later; a requeued job continues with --resume
+
+
+def optional_package(name: str, extra: str, leave_out: str = ""):
+    """Import an optional package, or refuse with how to install it (and what leaving out the
+    option that needs it keeps)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ConfigError(
+            f"this needs the {name} package: pip install 'annotated-transformer-book[{extra}]' "
+            f"(or pip install {name}){f', or leave {leave_out}' if leave_out else ''}."
+        ) from None
 
 
 def out_of_memory(e: BaseException) -> bool:

@@ -21,22 +21,14 @@ import torch
 from torch import nn
 
 from ..beam import ALPHA, BEAM_SIZE, EXTRA_LENGTH
-from ..errors import ConfigError
+from ..errors import optional_package
 from ..files import atomic_path
 from ..layers import LAYER_NORM_EPS
 
 
 def engine(name: str):
     """Import an optional engine (ctranslate2, onnx, onnxruntime), or say how to install it."""
-    import importlib
-
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        raise ConfigError(
-            f"this needs the {name} package: pip install 'annotated-transformer-book[deploy]' "
-            f"(or pip install {name})."
-        ) from None
+    return optional_package(name, "deploy")
 
 
 def position_table(embed: nn.Sequential) -> torch.Tensor:

@@ -15,12 +15,11 @@ __all__ = [
 # Where a run's curves go besides metrics.jsonl: TensorBoard, Weights & Biases and MLflow, each
 # through TensorBoard's add_scalar.
 import hashlib
-import importlib
 import threading
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, optional_package
 from .tensorboard import open_board
 
 PROJECT = "annotated-transformer"  # the Weights & Biases project of every run
@@ -28,14 +27,7 @@ CLOSE_SECONDS = 10.0  # the longest a run waits for a writer to close
 
 
 def _package(name: str):
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        raise ConfigError(
-            f"--report-to {name} needs the {name} package: pip install "
-            f"'annotated-transformer-book[{name}]' (or pip install {name}), or leave "
-            f"--report-to {name} out; metrics.jsonl and TensorBoard hold the same curves."
-        ) from None
+    return optional_package(name, name, f"--report-to {name} out (metrics.jsonl has the curves)")
 
 
 def _flat(settings: dict, prefix: str = "") -> dict:
