@@ -94,10 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--plot {args.plot} is a folder; give the PNG file to write")
     if args.out is None or not args.out.strip():
         ap.error("--out must name a folder (an empty name would train into the current one)")
-    for name in args.report_to:  # found now, not after the run has been set up
-        if importlib.util.find_spec(name) is None:
-            ap.error(f"--report-to {name} needs the {name} package: pip install "
-                     f"'annotated-transformer-book[{name}]' (or pip install {name})")  # fmt: skip
     kept = f"the checkpoints already in {args.out} are intact"
     again = "run the same command (with --resume if it had begun)"
     end = Epilogue(

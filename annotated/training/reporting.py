@@ -8,6 +8,7 @@ __all__ = [
     "WandbWriter",
     "MlflowWriter",
     "Writers",
+    "check_reporters",
     "open_reports",
 ]
 
@@ -106,11 +107,17 @@ class Writers:
             closing.join(CLOSE_SECONDS)
 
 
+def check_reporters(report_to) -> None:
+    """Refuse a name that is not a reporter, or one whose package is missing, before a run is
+    set up."""
+    for name in report_to:
+        if name not in REPORTERS:
+            raise ConfigError(f"--report-to {name}: choose {' or '.join(REPORTERS)}.")
+        _package(name)
+
+
 def open_reports(tensorboard, report_to, out, cfg, step: int) -> Writers:
     """The run's writers from `step` on: TensorBoard into the folder `tensorboard` (if given)
-    and one for each name of `report_to` ("wandb", "mlflow")."""
-    unknown = [name for name in report_to if name not in REPORTERS]
-    if unknown:
-        raise ConfigError(f"--report-to {unknown[0]}: choose {' or '.join(REPORTERS)}.")
+    and one for each name of `report_to` (checked by check_reporters)."""
     writers = [open_board(tensorboard, step)] if tensorboard else []
     return Writers(writers + [REPORTERS[name](out, cfg) for name in report_to])

@@ -58,7 +58,7 @@ from ..training_step import loss_on_batch, train_step
 from .prefetch import Prefetcher
 from .provenance import git_commit
 from .registry import TASKS, Task
-from .reporting import open_reports
+from .reporting import check_reporters, open_reports
 from .validation import Validator, checkpoint_run, stopping_early
 
 
@@ -245,6 +245,7 @@ def train(
     refuse_broken([(init, "init", "must name a checkpoint file")])
     rank, world, device = setup_distributed()
     out = Path(out_dir)
+    check_reporters(report_to)  # a missing package: refused before the folder is touched
     writers = tensorboard or report_to  # opened by the first process, at the step it starts
     board = partial(open_reports, tensorboard, report_to, out, cfg) if writers else None
     new = not out.exists()
