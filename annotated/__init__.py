@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .batching import BOS, EOS, PAD, Batch, BucketSampler, make_batch
     from .beam import length_penalty
     from .bleu import lowercase_tokenized_bleu, sacrebleu_score, tokenized_bleu
+    from .corpus import load_corpus
     from .data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
     from .decoding import beam_search, greedy_decode
     from .embeddings import Embeddings, Generator, LearnedPositionalEncoding, PositionalEncoding
@@ -77,6 +78,7 @@ _MODULE_OF = {
     "sacrebleu_score": "bleu",
     "tokenized_bleu": "bleu",
     "lowercase_tokenized_bleu": "bleu",
+    "load_corpus": "corpus",
     "Tokenizer": "data.tokenizer",
     "train_tokenizer": "data.tokenizer",
     "load_tokenizer": "data.tokenizer",
@@ -128,6 +130,7 @@ __all__ = [
     "sacrebleu_score",
     "tokenized_bleu",
     "lowercase_tokenized_bleu",
+    "load_corpus",
     "Tokenizer",
     "train_tokenizer",
     "load_tokenizer",

@@ -209,3 +209,23 @@ def test_a_result_made_from_another_config_is_refused_not_reused(tmp_path, recor
     assert "--config multi30k with" in r.stderr and "from multi30k-small" in r.stderr
     assert json.loads((results / "base.json").read_text()) == kept
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_committed_rows_counted_the_parameters_their_settings_build():
+    """Chapter 15 reads each row's parameter count from its committed run: the model the row's
+    settings build now has exactly that many."""
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from annotated.data.multi30k import MULTI30K_VOCAB
+    from annotated.model import count_parameters, make_model
+
+    committed = sorted(Path(__file__).parent.parent.glob("results/ablations/*/*.json"))
+    records = {json.loads(f.read_text())["row"]: json.loads(f.read_text()) for f in committed}
+    assert set(records) == set(VARIATIONS)
+    for name, record in records.items():
+        cfg = build_config(BASE, VARIATIONS[name])
+        assert cfg.data.vocab == MULTI30K_VOCAB
+        model = make_model(MULTI30K_VOCAB, MULTI30K_VOCAB, **asdict(cfg.model))
+        assert count_parameters(model) == record["parameters"], name

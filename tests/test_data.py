@@ -322,7 +322,7 @@ def test_foreign_model_is_rejected(tmp_path):
 
 
 def test_tokenizer_cache_is_keyed_by_what_the_model_depends_on():
-    from annotated.training.tasks.multi30k import multi30k_tokenizer
+    from annotated.data.multi30k import multi30k_tokenizer
 
     pairs = load_multi30k("val")
     first = multi30k_tokenizer(600, pairs)

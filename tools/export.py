@@ -63,6 +63,7 @@ READER_API = {
     "beam": ["length_penalty"],
     "evaluation.averaging": ["average_checkpoints"],
     "bleu": ["sacrebleu_score", "tokenized_bleu", "lowercase_tokenized_bleu"],
+    "corpus": ["load_corpus"],
     "data.tokenizer": ["Tokenizer", "train_tokenizer", "load_tokenizer"],
     "training.config": ["TrainConfig"],
     "training.registry": ["CONFIGS", "TASKS", "build_config"],

@@ -41,6 +41,15 @@ EXEMPT = {"A6_charts_and_figures"}
 EXEMPT_NAMES = {("experiments.book_runs", "glue")}
 
 
+def root_names() -> dict[str, str]:
+    """name -> module for `from annotated import name`: the generated __init__'s `_MODULE_OF`."""
+    tree = ast.parse((ROOT / "annotated" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_MODULE_OF":
+            return ast.literal_eval(node.value)
+    raise LookupError("annotated/__init__.py has no _MODULE_OF table: run tools/export.py")
+
+
 def reading_order() -> list[Path]:
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
     files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
@@ -91,7 +100,8 @@ def defining_chapters() -> dict[tuple[str, str], str]:
 
 
 def imports_of(notebook: dict) -> list[tuple[str, str]]:
-    """(module, name) for every `from annotated.X import name` in the notebook's code cells."""
+    """(module, name) for every `from annotated.X import name` in the notebook's code cells, and
+    for every `from annotated import name`, the module the package's root takes it from."""
     found = []
     for cell in notebook["cells"]:
         if cell["cell_type"] != "code":
@@ -104,7 +114,9 @@ def imports_of(notebook: dict) -> list[tuple[str, str]]:
         except SyntaxError:
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("annotated."):
+            if isinstance(node, ast.ImportFrom) and node.module == "annotated":
+                found += [(root_names().get(alias.name, ""), alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("annotated."):
                 module = node.module.removeprefix("annotated.")
                 found += [(module, alias.name) for alias in node.names]
     return found

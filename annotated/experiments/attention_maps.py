@@ -25,18 +25,16 @@ import torch
 from torch import Tensor, nn
 
 from ..batching import BOS, EOS, make_batch
-from ..data.tokenizer import load_tokenizer
 from ..decoding import as_classes
-from ..evaluation.translation import TokenizerLike
 from ..model import ModelConfig, make_model
 from ..multihead import MultiHeadedAttention
 
 
 # %% ../../notebooks/14_attention_maps.ipynb #h2c1
-def translator_model(folder, model_cfg: ModelConfig) -> tuple[nn.Module, TokenizerLike]:
-    """The model of an ONNX export (appendix A5) read back into `make_model(**model_cfg)`, with
-    its tokenizer: each named array by name; each linear layer's matrix, stored transposed under
-    a generated name, by the bias added after it."""
+def translator_model(folder, model_cfg: ModelConfig, vocab_size: int) -> nn.Module:
+    """The model of an ONNX export (appendix A5) read back into `make_model(**model_cfg)`: each
+    named array by name; each linear layer's matrix, stored transposed under a generated name,
+    by the bias added after it."""
     import onnx
     from onnx import numpy_helper
 
@@ -51,13 +49,12 @@ def translator_model(folder, model_cfg: ModelConfig) -> tuple[nn.Module, Tokeniz
                 bias = next(b for b in added[node.output[0]].input if b in arrays)
                 weight = bias.removeprefix("model.").removesuffix("bias") + "weight"
                 state[weight] = torch.tensor(arrays[node.input[1]]).T
-    tokenizer = load_tokenizer(folder / "sentencepiece.model")
-    model = make_model(tokenizer.vocab_size, tokenizer.vocab_size, **asdict(model_cfg))
+    model = make_model(vocab_size, vocab_size, **asdict(model_cfg))
     missing, unexpected = model.load_state_dict(state, strict=False)
     shared = {"tgt_embed.0.lut.weight", "generator.proj.weight", "tgt_embed.1.pe"}
     if unexpected or set(missing) - shared or not model_cfg.share_embeddings:
         raise ValueError(f"{folder}: not a model of this configuration ({missing, unexpected})")
-    return model.eval(), tokenizer
+    return model.eval()
 
 
 # %% ../../notebooks/14_attention_maps.ipynb #c007
