@@ -20,14 +20,13 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from annotated.embeddings import (
+from .embeddings import (
     MAX_LEN,
     Embeddings,
     Generator,
     LearnedPositionalEncoding,
     PositionalEncoding,
 )
-
 from .errors import refuse_broken
 from .layers import LAYER_NORM_EPS, DecoderLayer, EncoderLayer, PositionwiseFeedForward
 from .multihead import MultiHeadedAttention, check_heads, clones

@@ -174,7 +174,7 @@ def test_no_module_imports_another_modules_private_names():
         for path, name in _modules()
         for node in _imports(path)
         for n in node.names
-        if n.name.startswith("_")
+        if n.name.startswith("_") and not n.name.endswith("__")  # __version__ is public
     ]
     assert not private, private
 
@@ -253,3 +253,21 @@ def test_the_contributors_guide_lists_every_module_where_it_is():
         if (p.name != "__init__.py" or p.parent.name == "annotated") and "cli" not in p.parts
     }
     assert listed == modules, (listed - modules, modules - listed)
+
+
+def test_each_module_imports_the_package_one_way():
+    """Inside the package, every import of its own modules is relative, multi-line and
+    function-level ones too: no module mixes `from annotated.x import` with `from .x import`."""
+    import ast
+
+    absolute = []
+    for path in (ROOT / "annotated").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                if (node.module or "").split(".")[0] == "annotated":
+                    absolute.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            if isinstance(node, ast.Import) and any(
+                a.name.split(".")[0] == "annotated" for a in node.names
+            ):
+                absolute.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert absolute == []

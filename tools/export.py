@@ -14,6 +14,7 @@ Run it after every edit to a notebook; `tests/test_export.py` runs `--check`.
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import os
 import shutil
@@ -168,8 +169,32 @@ def export_tree(root: Path) -> list[str]:
     finally:
         os.chdir(cwd)
     _write_init(lib)
+    for module in lib.rglob("*.py"):
+        _relative_imports(module, lib)
     _format(lib)
     return sorted(written)
+
+
+def _relative_imports(module: Path, lib: Path) -> None:
+    """Every import of the package inside it made relative (`from annotated.x import` ->
+    `from .x import`), multi-line and indented ones too, so that each module has one style."""
+    text = module.read_text()
+    lines = text.splitlines(keepends=True)
+    package = [PKG, *module.parent.relative_to(lib).parts]
+    for node in ast.walk(ast.parse(text)):
+        target = (getattr(node, "module", None) or "").split(".")
+        if not isinstance(node, ast.ImportFrom) or node.level or target[0] != PKG:
+            continue
+        common = next(
+            (i for i, (a, b) in enumerate(zip(package, target)) if a != b),
+            min(len(package), len(target)),
+        )
+        relative = "." * (len(package) - common + 1) + ".".join(target[common:])
+        line = lines[node.lineno - 1]
+        absolute = f"from {node.module} import"
+        assert line[node.col_offset :].startswith(absolute), (module, line)
+        lines[node.lineno - 1] = line.replace(absolute, f"from {relative} import", 1)
+    module.write_text("".join(lines))
 
 
 def _format(lib: Path) -> None:

@@ -9,15 +9,14 @@ import re
 import sys
 from pathlib import Path
 
-from annotated.cli.epilogue import (
+from ..experiments.table3 import GRIDS, run_variation
+from .epilogue import (
     Epilogue,
     add_compute_options,
     command_parser,
     run_command,
     use_threads,
 )
-
-from ..experiments.table3 import GRIDS, run_variation
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,8 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import annotated
-
+from .. import __version__
 from ..errors import ExpectedError, Preempted, out_of_memory
 from .starting import ready
 
@@ -70,7 +69,7 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
 def command_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The parser every command line starts from: defaults shown in --help, and --version."""
     ap = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_Defaults)
-    ap.add_argument("--version", action="version", version=f"%(prog)s {annotated.__version__}")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return ap
 
 

@@ -9,7 +9,14 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from annotated.cli.epilogue import (
+from ..beam import ALPHA, BEAM_SIZE
+from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
+from ..files import LOCK_FILE, check_writable
+from ..training.checkpoints import checkpoint_step
+from ..training.run_folder import read_json
+from ..training.tensorboard import board_scores
+from ..training.validation import best_checkpoint
+from .epilogue import (
     Epilogue,
     add_compute_options,
     add_import_option,
@@ -19,14 +26,6 @@ from annotated.cli.epilogue import (
     run_command,
     use_threads,
 )
-
-from ..beam import ALPHA, BEAM_SIZE
-from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
-from ..files import LOCK_FILE, check_writable
-from ..training.checkpoints import checkpoint_step
-from ..training.run_folder import read_json
-from ..training.tensorboard import board_scores
-from ..training.validation import best_checkpoint
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-evaluate-c023c
@@ -78,7 +77,7 @@ def _per_checkpoint(args) -> dict[int, float]:
 
 def _plot(args, report: dict, per_checkpoint: dict[int, float]) -> Path:
     """The run on one page (save_run_plot), with each kept checkpoint scored alone."""
-    from annotated.experiments.plots import save_run_plot  # matplotlib: only when asked
+    from ..experiments.plots import save_run_plot  # matplotlib: only when asked
 
     first = next(iter(report["tests"].values()))
     _, metrics, _ = read_run(args.run)

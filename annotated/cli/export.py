@@ -8,18 +8,17 @@ __all__ = ["ENGINES", "main"]
 import sys
 from pathlib import Path
 
-from annotated.cli.epilogue import (
+from ..data.tokenizer import Tokenizer
+from ..errors import ConfigError
+from ..evaluation.translation import load_model
+from ..training.run_folder import read_json
+from .epilogue import (
     Epilogue,
     add_import_option,
     command_parser,
     import_modules,
     run_command,
 )
-
-from ..data.tokenizer import Tokenizer
-from ..errors import ConfigError
-from ..evaluation.translation import load_model
-from ..training.run_folder import read_json
 
 ENGINES = ("ctranslate2", "onnx", "transformers")
 
@@ -36,14 +35,14 @@ def _export(args) -> Path:
     if not isinstance(tokenizer, Tokenizer):
         raise ConfigError("this run has no subword tokenizer (the copy task): nothing to serve")
     if engine == "onnx":
-        from annotated.deploy.onnx_model import export_onnx
+        from ..deploy.onnx_model import export_onnx
 
         return export_onnx(model, tokenizer, out)
     if engine == "transformers":
-        from annotated.deploy.transformers_model import export_transformers
+        from ..deploy.transformers_model import export_transformers
 
         return export_transformers(model, tokenizer, cfg, out, card=_card(args.checkpoint))
-    from annotated.deploy.ctranslate2_model import export_ctranslate2
+    from ..deploy.ctranslate2_model import export_ctranslate2
 
     return export_ctranslate2(model, tokenizer, out, quantization=args.quantization)
 

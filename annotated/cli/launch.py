@@ -17,8 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun
 from torch.distributed.run import parse_args
 
-import annotated
-
+from .. import __version__
 from ..errors import Preempted
 from .epilogue import EXIT_CODES
 from .starting import ready
@@ -30,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ready()  # torchrun's own handlers take Ctrl-C from here on
     sys.argv[0] = "python -m annotated.cli.launch"  # the name torchrun's --help shows
     if (sys.argv[1:] if argv is None else argv)[:1] == ["--version"]:  # torchrun has none
-        print(f"{sys.argv[0]} {annotated.__version__} (torchrun of PyTorch {torch.__version__})")
+        print(f"{sys.argv[0]} {__version__} (torchrun of PyTorch {torch.__version__})")
         return 0
     problem = _unusable(sys.argv[1:] if argv is None else argv)
     if problem:  # said here, not as torchrun's traceback

@@ -12,20 +12,19 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from annotated.cli.epilogue import (
-    Epilogue,
-    add_compute_options,
-    command_parser,
-    run_command,
-    use_threads,
-)
-
 from ..training.config import TrainConfig
 from ..training.config_files import config_text
 from ..training.registry import CONFIGS, build_config
 from ..training.reporting import REPORTERS
 from ..training.run_folder import read_metrics
 from ..training.trainer import train
+from .epilogue import (
+    Epilogue,
+    add_compute_options,
+    command_parser,
+    run_command,
+    use_threads,
+)
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-train-c017
@@ -146,7 +145,7 @@ def _train(args, argv: list[str]) -> None:
         report_to=tuple(args.report_to),
     )
     if args.plot and (not dist.is_initialized() or dist.get_rank() == 0):
-        from annotated.experiments.plots import save_run_plot  # matplotlib: only when asked
+        from ..experiments.plots import save_run_plot  # matplotlib: only when asked
 
         metrics = read_metrics(Path(args.out) / "metrics.jsonl")[0]
         print("wrote", save_run_plot(args.plot, metrics, title=f"{args.config}: {args.out}"))

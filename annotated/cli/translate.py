@@ -15,7 +15,13 @@ import sys
 import threading
 from pathlib import Path
 
-from annotated.cli.epilogue import (
+from ..beam import ALPHA, BEAM_SIZE
+from ..data.download import decode_lines
+from ..errors import DataError
+from ..evaluation.translation import load_model, translate
+from ..files import check_writable, output_path
+from ..precision import fast_decoding
+from .epilogue import (
     Epilogue,
     add_compute_options,
     add_import_option,
@@ -25,13 +31,6 @@ from annotated.cli.epilogue import (
     run_command,
     use_threads,
 )
-
-from ..beam import ALPHA, BEAM_SIZE
-from ..data.download import decode_lines
-from ..errors import DataError
-from ..evaluation.translation import load_model, translate
-from ..files import check_writable, output_path
-from ..precision import fast_decoding
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #cli-translate-c006

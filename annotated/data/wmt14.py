@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from annotated.data.archives import (
+from ..errors import DataError
+from .archives import (
     SAMPLE_FILES,  # noqa: F401 (re-exported)
     WMT14_ARCHIVES,
     WMT14_PAIRS,
@@ -19,8 +20,6 @@ from annotated.data.archives import (
     fetch_archive,
     sample_text,
 )
-
-from ..errors import DataError
 from .download import cache_dir, read_lines
 
 # %% ../../notebooks/24_wmt14_data.ipynb #c008

@@ -59,7 +59,7 @@ def measure_throughput(cfg: TrainConfig, *, steps: int = 3, device=None) -> dict
     step, and project the whole run (max_steps) from the median step time."""
     # imported here: the trainer needs tqdm, and the GPU benchmarks import this module for
     # model_flops and matmul_rate on machines that have nothing but torch
-    from annotated.training.trainer import build_run, run_batches, run_precision, run_step
+    from ..training.trainer import build_run, run_batches, run_precision, run_step
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     run = build_run(cfg, 1, device)

@@ -23,7 +23,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
 from typing import Any, ClassVar, Protocol
 
-from annotated.training.config import (
+from ..batching import Batch
+from ..errors import ConfigError
+from ..model import ModelConfig
+from .config import (
     PARTS,
     TaskData,
     TrainConfig,
@@ -32,10 +35,6 @@ from annotated.training.config import (
     put_setting,
     settings_of,
 )
-
-from ..batching import Batch
-from ..errors import ConfigError
-from ..model import ModelConfig
 
 
 class TextTokenizer(Protocol):
@@ -190,7 +189,7 @@ def build_config(name: str, overrides=()) -> TrainConfig:
     built once: every part checks its values as it is made. A name ending in .json, .yaml or
     .yml is a configuration file instead (appendix A3)."""
     if name.lower().endswith((".json", ".yaml", ".yml")):
-        from annotated.training.config_files import config_from_file
+        from .config_files import config_from_file
 
         return config_from_file(name, overrides)
     task = task_of(name)

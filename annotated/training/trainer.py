@@ -13,38 +13,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from annotated.training.checkpoints import (
-    checkpoint_step,
-    diverged,
-    ended_early,
-    initial_weights,
-    load_checkpoint,
-    load_weights,
-    restore_rng_state,
-    resumed_micro_batches,
-)
-from annotated.training.config import (
-    TrainConfig,
-    checkpoint_due,
-    micro_batches_per_process,
-    out_of_time,
-)
-from annotated.training.distributed import (
-    StopRequests,
-    all_sum,
-    finish_distributed,
-    setup_distributed,
-)
-from annotated.training.run_folder import (
-    Progress,
-    check_run_folder,
-    check_same_run,
-    own_run_folder,
-    record_run,
-    run_identity,
-    run_summary,
-)
-
 from ..batching import PAD
 from ..data.tokenizer import check_fingerprint
 from ..errors import Preempted, TrainingError, out_of_memory, refuse_broken
@@ -55,10 +23,41 @@ from ..model import make_model
 from ..precision import Precision, bf16_speedup, choose_precision
 from ..schedule import make_optimizer
 from ..training_step import loss_on_batch, train_step
+from .checkpoints import (
+    checkpoint_step,
+    diverged,
+    ended_early,
+    initial_weights,
+    load_checkpoint,
+    load_weights,
+    restore_rng_state,
+    resumed_micro_batches,
+)
+from .config import (
+    TrainConfig,
+    checkpoint_due,
+    micro_batches_per_process,
+    out_of_time,
+)
+from .distributed import (
+    StopRequests,
+    all_sum,
+    finish_distributed,
+    setup_distributed,
+)
 from .prefetch import Prefetcher
 from .provenance import git_commit
 from .registry import TASKS, Task
 from .reporting import check_reporters, open_reports
+from .run_folder import (
+    Progress,
+    check_run_folder,
+    check_same_run,
+    own_run_folder,
+    record_run,
+    run_identity,
+    run_summary,
+)
 from .validation import Validator, checkpoint_run, stopping_early
 
 

@@ -186,15 +186,14 @@ def best_checkpoint(run_dir: Path) -> Path:
 # %% ../../notebooks/22_the_loop.ipynb #c015d3b
 from dataclasses import asdict
 
-from annotated.training.checkpoints import (
+from ..files import check_lock
+from .checkpoints import (
     all_finite,
     diverged,
     rng_state,
     save_checkpoint,
     tokenizer_bytes,
 )
-
-from ..files import check_lock
 
 
 def checkpoint_run(out: Path, run, cfg, world: int, dev=None, log=None) -> Path:
