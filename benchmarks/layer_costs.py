@@ -19,8 +19,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from annotated.experiments.charts import layer_costs_figure
 from annotated.experiments.plots import save_png
-from annotated.experiments.table1 import layer_costs, layer_costs_figure
+from annotated.experiments.table1 import layer_costs
 from annotated.files import write_text_atomic
 from annotated.training.provenance import provenance
 

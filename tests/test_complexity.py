@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from annotated.experiments.charts import layer_costs_figure
 from annotated.experiments.table1 import (
     LAYERS,
     dependency_accuracy,
     layer_costs,
-    layer_costs_figure,
     multiply_adds,
     saved_bytes,
 )

@@ -10,6 +10,7 @@ from html import escape
 
 from torch import nn
 
+from ..model import make_model
 from .blocks import Block, Stack, attention_steps, heads_of, model_structure
 
 # %% ../../notebooks/A6_charts_and_figures.ipynb #a6-18
@@ -150,10 +151,10 @@ def _column(svg: Svg, cx: float, s: Stack, side: int, start: str) -> dict[str, f
     return at
 
 
-def draw_model(model: nn.Module) -> Drawing:
-    """Figure 1 of the paper, drawn from `model`: how many layers it holds, what each is made
-    of, and which class of which chapter computes each box."""
-    encoder, decoder, head = model_structure(model)
+def draw_model(model: nn.Module | None = None) -> Drawing:
+    """Figure 1 of the paper, drawn from `model` (by default the paper's base model): how many
+    layers it holds, what each is made of, and which class of which chapter computes each box."""
+    encoder, decoder, head = model_structure(make_model(100, 100) if model is None else model)
     svg, enc = Svg(), Svg()
     dx, ex = 525, 235
     at = _column(svg, dx, decoder, 1, "Outputs (shifted right)")

@@ -10,7 +10,6 @@ __all__ = [
     "saved_bytes",
     "step_seconds",
     "layer_costs",
-    "layer_costs_figure",
     "DependencyProbe",
     "dependency_accuracy",
 ]
@@ -21,7 +20,6 @@ __all__ = [
 import time
 
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from ..multihead import MultiHeadedAttention
@@ -128,28 +126,6 @@ def layer_costs(lengths, d: int, *, batch: int = 4, device="cpu", seed: int = 0)
                 }
             )
     return rows
-
-
-# %% ../../notebooks/06_why_self_attention.ipynb #c013
-def layer_costs_figure(rows: list[dict], d: int) -> Figure:
-    """Three panels against the sequence length n, log-log: multiply-adds (counted), activation
-    memory (counted) and seconds per forward and backward pass (measured), one line per layer
-    type, with n = d marked."""
-    fig = Figure(figsize=(11, 3.6), layout="constrained")
-    panels = [
-        ("multiply-adds", "multiply-adds (counted)"),
-        ("saved MB", "activation memory, MB (counted)"),
-        ("seconds", "seconds per pass (measured)"),
-    ]
-    for ax, (key, label) in zip(fig.subplots(1, 3), panels):
-        for kind in LAYERS:
-            mine = [r for r in rows if r["layer"] == kind]
-            ax.plot([r["n"] for r in mine], [r[key] for r in mine], "o-", label=kind, markersize=3)
-        ax.axvline(d, color="grey", linestyle=":", label=f"n = d = {d}")
-        ax.set(xscale="log", yscale="log", xlabel="sequence length n", title=label)
-        ax.grid(alpha=0.3, which="both")
-    fig.axes[0].legend(fontsize=8)
-    return fig
 
 
 # %% ../../notebooks/06_why_self_attention.ipynb #c016
