@@ -127,7 +127,7 @@ def paper_path() -> list[Path]:
 
 
 WORDS_PER_MINUTE = 230
-LIMITS = {"chapter_minutes": 12, "chapter_lines": 250, "path_minutes": 70}
+LIMITS = {"chapter_minutes": 12, "chapter_lines": 250, "path_minutes": 60}
 
 
 def reading_minutes_and_lines(notebook: dict) -> tuple[float, int]:

@@ -13,14 +13,16 @@ from annotated.errors import DataError, TrainingError
 from annotated.evaluation.averaging import average_checkpoints
 from annotated.training.checkpoints import (
     CHECKPOINT_NAME,
+    check_same_run,
     checkpoint_name,
     checkpoint_paths,
     checkpoint_step,
+    identity_differences,
     load_checkpoint,
     save_checkpoint,
 )
 from annotated.training.registry import build_config
-from annotated.training.run_folder import check_same_run, identity_differences, run_identity
+from annotated.training.run_folder import run_identity
 from annotated.training.trainer import train
 
 TINY = ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "data.batch_sentences=8"]

@@ -162,7 +162,7 @@ def test_every_command_ends_through_the_epilogue(
         path.write_text("3 4 5\n")
     module, work, argv = {
         "train": (train_cli, "train", ["--config", "copy", "--out", tmp_path / "run"]),
-        "translate": (translate, "load_model", ["--checkpoint", tmp_path / "c.pt"]),
+        "translate": (translate, "read_model", ["--checkpoint", tmp_path / "c.pt"]),
         "evaluate": (evaluate, "evaluate_run", ["--run", tmp_path, "--device", "cpu"]),
         "bleu": (bleu, "score_translations", ["--hyp", pair[0], "--ref", pair[1]]),
         "ablate": (ablate, "run_variation", ["--runs", tmp_path / "r", "--results", tmp_path]),

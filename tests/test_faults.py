@@ -20,9 +20,10 @@ import torch
 from annotated.errors import ConfigError, DataError, TrainingError
 from annotated.files import lock_out_dir
 from annotated.training import checkpoints
-from annotated.training.checkpoints import all_finite, save_checkpoint
+from annotated.training.checkpoints import save_checkpoint
 from annotated.training.config import apply_overrides
 from annotated.training.registry import CONFIGS, build_config
+from annotated.training.resuming import all_finite
 from annotated.training.run_folder import check_run_folder
 from annotated.training.trainer import train
 

@@ -187,7 +187,7 @@ def test_one_signalled_process_stops_them_all(tmp_path, signalled):
 def test_a_changed_accumulation_is_honoured_when_the_processes_are_as_before(tmp_path, capsys):
     """batch.accum changed on --resume with the same number of processes: the new value holds.
     With another number of processes, the checkpoint's micro-batches per step are kept."""
-    from annotated.training.checkpoints import resumed_micro_batches
+    from annotated.training.resuming import resumed_micro_batches
 
     path = tmp_path / "run" / "checkpoints" / "ckpt_00000004.pt"
     saved = {"data": {"micro_batches_per_step": 2}, "world_size": 1}

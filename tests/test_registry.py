@@ -193,10 +193,11 @@ def test_a_record_never_imports_the_module_it_names(tmp_path, monkeypatch):
     assert TASKS.recorded("copy").__name__ == TASKS["copy"].__name__
 
 
-def test_translate_reads_a_checkpoint_of_a_task_of_your_own_only_with_import(tmp_path, monkeypatch):
-    """The CLI: a checkpoint whose task is a module of your own is refused with a message that
-    names --import, before the module runs; with --import the module is imported and it
-    translates."""
+def test_a_checkpoint_of_a_task_of_your_own_never_imports_it_unasked(tmp_path, monkeypatch):
+    """A checkpoint whose task is a module of your own: `translate` needs only the model and the
+    tokenizer, so it translates without importing the module; `evaluate`, which needs the
+    task's test sets, refuses with a message that names --import before the module runs; with
+    --import the module is imported, and a module that does not exist is named."""
     from annotated.training.checkpoints import checkpoint_paths
     from annotated.training.trainer import train
 
@@ -207,12 +208,24 @@ def test_translate_reads_a_checkpoint_of_a_task_of_your_own_only_with_import(tmp
     train(cfg, tmp_path / "run", progress=False)
     checkpoint = str(checkpoint_paths(tmp_path / "run")[-1])
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT / "tests")}
-    cmd = [sys.executable, "-m", "annotated.cli.translate", "--checkpoint", checkpoint]
-    refused = subprocess.run(cmd, input="3 4\n", capture_output=True, text=True, env=env)
-    assert refused.returncode == 2 and "--import" in refused.stderr, refused.stderr[-1500:]
-    done = subprocess.run([*cmd, "--import", "tiny_tasks.reverse"], input="3 4\n",
+    translating = (
+        "import runpy, sys\n"
+        f"sys.argv = ['translate', '--checkpoint', {checkpoint!r}]\n"
+        "try:\n    runpy.run_module('annotated.cli.translate', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('imported:', 'tiny_tasks.reverse' in sys.modules, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", translating], input="3 4\n",
                           capture_output=True, text=True, env=env)  # fmt: skip
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr[-1500:]
-    missing = subprocess.run([*cmd, "--import", "tiny_tasks.nosuch"], input="3 4\n",
+    assert "imported: False" in done.stderr
+    cmd = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path / "run")]
+    refused = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "--import" in refused.stderr, refused.stderr[-1500:]
+    translate = [sys.executable, "-m", "annotated.cli.translate", "--checkpoint", checkpoint]
+    done = subprocess.run([*translate, "--import", "tiny_tasks.reverse"], input="3 4\n",
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr[-1500:]
+    missing = subprocess.run([*translate, "--import", "tiny_tasks.nosuch"], input="3 4\n",
                              capture_output=True, text=True, env=env)  # fmt: skip
     assert missing.returncode == 2 and "--import tiny_tasks.nosuch" in missing.stderr

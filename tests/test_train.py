@@ -338,7 +338,7 @@ def test_a_micro_batch_too_large_for_memory_names_the_setting_that_fits(
 
 
 def test_a_run_ended_before_its_first_checkpoint_is_not_told_to_resume(tmp_path):
-    from annotated.training.checkpoints import ended_early
+    from annotated.training.resuming import ended_early
 
     for e in (KeyboardInterrupt(), torch.OutOfMemoryError(GPU_FULL)):
         message = str(ended_early(tmp_path / "run", 3, 4096, e))

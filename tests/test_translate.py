@@ -121,13 +121,22 @@ def cli(*args, stdin: bytes = b"3 4\n"):
 
 
 def test_checkpoint_of_another_tokenizer_is_refused(checkpoint, tmp_path):
+    """Ids written as numbers are rebuilt from the fingerprint alone ("ids-13"); a fingerprint
+    that does not match the weights (as if trained on other ids) is refused by name, and so is
+    a SentencePiece fingerprint with no tokenizer carried and a task that makes another one."""
     state = torch.load(checkpoint[-1], weights_only=True)
     assert state["tokenizer"] == IdTokenizer(13).fingerprint  # written by the trainer
+    assert isinstance(load_model([checkpoint[-1]])[1], IdTokenizer)
     state["tokenizer"] = "ids-99"  # as if trained on other ids
     bad = tmp_path / "other_tokenizer.pt"
     torch.save(state, bad)
+    with pytest.raises(TrainingError, match="other_tokenizer.pt does not fit the model built"):
+        load_model([bad])
+    state["tokenizer"] = "5d947ff1cc62ab0f"  # a SentencePiece model's, not carried
+    torch.save(state, bad)
     with pytest.raises(
-        TrainingError, match="trained with tokenizer ids-99, but the tokenizer in use is ids-13"
+        TrainingError,
+        match="trained with tokenizer 5d947ff1cc62ab0f, but the tokenizer in use is ids-13",
     ):
         load_model([bad])
 
@@ -318,3 +327,44 @@ def test_an_output_that_is_a_device_or_a_link_is_written_through(checkpoint, tmp
     assert r.returncode == 0, r.stderr.decode()
     assert link.is_symlink() and len(target.read_text().splitlines()) == 2
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+TRANSLATE_MODULES = 19  # what translating needs: see chapter 20's "A model to translate with"
+
+
+@pytest.mark.parametrize("task", ["copy", "multi30k", "wmt14"])
+def test_translating_imports_only_what_it_needs(checkpoint, tmp_path, task):
+    """The translate command, after reading a checkpoint of the copy task, Multi30k or WMT14,
+    has imported at most TRANSLATE_MODULES of the package's modules, and neither the training
+    configuration nor the registry nor any task or data pipeline."""
+    from annotated.data.multi30k import load_multi30k
+    from annotated.data.tokenizer import train_tokenizer
+    from annotated.model import make_model
+    from annotated.training.checkpoints import tokenizer_bytes
+
+    path, line = checkpoint[-1], "3 4"
+    if task != "copy":
+        state = torch.load(checkpoint[-1], weights_only=True)
+        tokenizer = train_tokenizer(load_multi30k("val")[:300], tmp_path / "bpe", 120)
+        model = make_model(120, 120, **state["config"]["model"])
+        data = {"vocab": 120} if task == "multi30k" else {"pair": "en-de", "scale": "sample"}
+        state["config"] |= {"task": task, "data": data}
+        state |= {"model": model.state_dict(), "tokenizer": tokenizer.fingerprint}
+        state["tokenizer_model"] = tokenizer_bytes(tokenizer)
+        path, line = tmp_path / f"{task}.pt", "A dog runs."
+        torch.save(state, path)
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = ['translate', '--checkpoint', {str(path)!r}]\n"
+        "try:\n    runpy.run_module('annotated.cli.translate', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "mine = (m for m, v in sys.modules.items() if not hasattr(v, '__path__'))\n"
+        "print(sorted(m for m in mine if m.startswith('annotated.')), file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], input=line + "\n", capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr[-2000:]
+    loaded = eval(done.stderr.strip().splitlines()[-1])
+    assert len(loaded) <= TRANSLATE_MODULES, loaded
+    heavy = [m for m in loaded if m.startswith(("annotated.training.", "annotated.data."))]
+    assert heavy == ["annotated.data.tokenizer", "annotated.training.checkpoints"], heavy

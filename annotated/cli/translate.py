@@ -16,10 +16,9 @@ import threading
 from pathlib import Path
 
 from ..beam import ALPHA, BEAM_SIZE
-from ..data.download import decode_lines
 from ..errors import DataError
-from ..evaluation.translation import load_model, translate
-from ..files import check_writable, output_path
+from ..evaluation.translation import read_model, translate
+from ..files import check_writable, decode_lines, output_path
 from ..precision import fast_decoding
 from .epilogue import (
     Epilogue,
@@ -108,7 +107,7 @@ def _translate_all(args) -> None:
                 f"their translations. Give another --output."
             )
         check_writable(args.output, "--output")
-    model, tokenizer, _ = load_model(args.checkpoint, args.device)
+    model, tokenizer, _ = read_model(args.checkpoint, args.device)
     source = open(args.input, "rb") if args.input else sys.stdin.buffer
     name = str(args.input or "standard input")
     with source:

@@ -12,7 +12,6 @@ __all__ = [
     "verify_sha256",
     "verify_file",
     "read_lines",
-    "decode_lines",
     "read_parallel",
     "fetch",
 ]
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ChecksumError, DataError
+from ..files import decode_lines
 
 
 # %% ../../notebooks/23_multi30k_data.ipynb #c005
@@ -106,26 +106,6 @@ def read_lines(path: str | Path) -> list[str]:
             f"{path} cannot be read ({type(e).__name__}: {e}); fetch it again, or check "
             f"the folder that {DATA_ENV} points at."
         ) from None
-
-
-def decode_lines(stream, name: str, first: int = 1) -> list[str]:
-    """The lines of a binary stream as stripped text: UTF-8, a leading byte-order mark dropped.
-    A line that is not UTF-8 raises DataError naming `name`, the line (the stream's first is
-    line `first`) and the byte."""
-    lines = []
-    for number, raw in enumerate(stream, start=first):  # binary iteration splits on b"\n" only
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"{name}: line {number} is not valid UTF-8 ({e.reason} at byte {e.start} "
-                f"of the line: {raw[e.start : e.start + 1]!r}); convert it to UTF-8, "
-                f"for example with iconv."
-            ) from None
-        if number == 1:
-            line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the sentence
-        lines.append(line.strip())
-    return lines
 
 
 # %% ../../notebooks/23_multi30k_data.ipynb #c011b

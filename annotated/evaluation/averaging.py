@@ -59,11 +59,16 @@ def average_state_dicts(states: Iterable[dict], names=None) -> dict[str, torch.T
     }
 
 
-# %% ../../notebooks/19_checkpoints.ipynb #avg-c
+# %% ../../notebooks/20_building_and_resuming.ipynb #avg-c
+from dataclasses import asdict
 from pathlib import Path
 
-from ..training.checkpoints import load_checkpoint
-from ..training.run_folder import check_same_run, run_identity
+from ..training.checkpoints import (
+    RUN_IDENTITY,
+    check_same_run,
+    load_checkpoint,
+    recorded_model,
+)
 
 
 def _state_dict_of(checkpoint, path) -> dict:
@@ -81,10 +86,14 @@ def _state_dict_of(checkpoint, path) -> dict:
 
 
 def _run_of(checkpoint) -> dict:
-    """The identity of the run that wrote a trainer checkpoint; a plain state_dict: nothing."""
+    """The identity of the run that wrote a trainer checkpoint, as it recorded it (its model
+    read by `recorded_model`), and its tokenizer's fingerprint; a plain state_dict: nothing."""
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("config"), dict):
         return {}
-    return run_identity(checkpoint["config"], checkpoint.get("tokenizer"))
+    record = checkpoint["config"]
+    identity = {k: record[k] for k in RUN_IDENTITY if k in record}
+    model = asdict(recorded_model(record))
+    return identity | {"model": model, "tokenizer": checkpoint.get("tokenizer")}
 
 
 def average_checkpoints(paths) -> dict[str, torch.Tensor]:

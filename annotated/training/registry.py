@@ -20,12 +20,11 @@ import importlib
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import fields
 from typing import Any, ClassVar, Protocol
 
 from ..batching import Batch
 from ..errors import ConfigError
-from ..model import ModelConfig
+from .checkpoints import recorded_model
 from .config import (
     PARTS,
     TaskData,
@@ -202,24 +201,12 @@ def build_config(name: str, overrides=()) -> TrainConfig:
 
 # %% ../../notebooks/18_tasks_and_registry.ipynb #c009u3
 def config_from_record(saved: dict) -> TrainConfig:
-    """The TrainConfig that a checkpoint or run.json recorded. A model setting this version
-    does not have is refused (it would build another model); other unknown keys are dropped.
+    """The TrainConfig that a checkpoint or run.json recorded: its model as `recorded_model`
+    reads it, other unknown keys dropped.
     Older layouts are read too: the batch and the loss inside `optim`, or every key at the top."""
-    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
-        raise ConfigError(
-            f"the recorded configuration is not a mapping of settings with a model "
-            f"({type(saved).__name__}): the file was damaged, or not written by this code. "
-            f"Name another checkpoint or run."
-        )
+    recorded_model(saved)  # a record with a model this version can build, or refused
     task = saved.get("task", "copy")
     kind = TASKS.recorded(task).Data
-    newer = sorted(set(saved["model"]) - {f.name for f in fields(ModelConfig)})
-    if newer:
-        raise ConfigError(
-            f"the record's model has settings this version of the code does not know "
-            f"({', '.join(newer)}): it was written by a newer version. Install that version "
-            f"(pip install -U annotated-transformer-book) to use it."
-        )
     if "optim" in saved:
         optim, data = saved["optim"], saved.get("data", {})
     else:  # the oldest layout, every key at the top: the data scale was called "data"

@@ -2,14 +2,11 @@
 
 # %% auto #0
 __all__ = [
-    "RUN_IDENTITY",
     "step_records",
     "read_metrics",
     "read_json",
     "record_run",
     "run_identity",
-    "identity_differences",
-    "check_same_run",
     "check_run_folder",
     "Progress",
     "own_run_folder",
@@ -29,7 +26,7 @@ from tqdm import tqdm
 
 from ..errors import TrainingError
 from ..files import lock_out_dir, open_in_place, refuse_link, write_text_atomic
-from .checkpoints import checkpoint_paths
+from .checkpoints import RUN_IDENTITY, check_same_run, checkpoint_paths
 from .config import TrainConfig
 from .distributed import all_sum
 from .registry import config_from_record
@@ -105,10 +102,7 @@ def record_run(out: Path, record: dict, step: int):
     write_text_atomic(run_file, json.dumps({**record, "history": history}, indent=2))
 
 
-# %% ../../notebooks/19_checkpoints.ipynb #c013g
-RUN_IDENTITY = ("task", "data", "model", "seed")  # what makes a run itself; the rest may change
-
-
+# %% ../../notebooks/19_checkpoints.ipynb #c013g0
 def run_identity(config: TrainConfig | dict, tokenizer: str | None = None) -> dict:
     """What makes a run itself: the task, data, model and seed of `config`, a TrainConfig or
     the configuration that a checkpoint or run.json recorded, and its tokenizer's fingerprint
@@ -117,31 +111,6 @@ def run_identity(config: TrainConfig | dict, tokenizer: str | None = None) -> di
         config = config_from_record({"model": {}, **config})  # any layout this code has written
     identity = {k: v for k, v in asdict(config).items() if k in RUN_IDENTITY}
     return identity if tokenizer is None else {**identity, "tokenizer": tokenizer}
-
-
-def identity_differences(theirs: dict, mine: dict) -> list[str]:
-    """Where two run identities differ, one setting each ("model.d_ff is 64, not 32"); a key
-    that only one of them records is not compared."""
-    said = []
-    for key in [k for k in theirs if k in mine]:
-        a, b = theirs[key], mine[key]
-        if isinstance(a, dict) and isinstance(b, dict):  # data and model: setting by setting
-            for k in dict.fromkeys([*a, *b]):
-                if a.get(k) != b.get(k):
-                    said.append(f"{key}.{k} is {a.get(k)}, not {b.get(k)}")
-        elif a != b:
-            said.append(f"{key} is {a}, not {b}")
-    return said
-
-
-def check_same_run(theirs: dict, mine: dict, *, what, than: str, fix: str) -> None:
-    """Refuse `what`, a file whose run identity is `theirs`, unless it is `mine`, the identity
-    of `than`: the one message for two runs mixed up. `fix` says what to do."""
-    differ = identity_differences(theirs, mine)
-    if differ:
-        raise TrainingError(
-            f"{what} was written by another run than {than}: its {'; its '.join(differ)}. {fix}"
-        )
 
 
 # %% ../../notebooks/20_building_and_resuming.ipynb #c015f

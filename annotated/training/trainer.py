@@ -24,14 +24,10 @@ from ..precision import Precision, bf16_speedup, choose_precision
 from ..schedule import make_optimizer
 from ..training_step import loss_on_batch, train_step
 from .checkpoints import (
+    check_same_run,
     checkpoint_step,
-    diverged,
-    ended_early,
-    initial_weights,
     load_checkpoint,
     load_weights,
-    restore_rng_state,
-    resumed_micro_batches,
 )
 from .config import (
     TrainConfig,
@@ -49,10 +45,16 @@ from .prefetch import Prefetcher
 from .provenance import git_commit
 from .registry import TASKS, Task
 from .reporting import check_reporters, open_reports
+from .resuming import (
+    diverged,
+    ended_early,
+    initial_weights,
+    restore_rng_state,
+    resumed_micro_batches,
+)
 from .run_folder import (
     Progress,
     check_run_folder,
-    check_same_run,
     own_run_folder,
     record_run,
     run_identity,

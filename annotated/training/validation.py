@@ -187,13 +187,8 @@ def best_checkpoint(run_dir: Path) -> Path:
 from dataclasses import asdict
 
 from ..files import check_lock
-from .checkpoints import (
-    all_finite,
-    diverged,
-    rng_state,
-    save_checkpoint,
-    tokenizer_bytes,
-)
+from .checkpoints import save_checkpoint, tokenizer_bytes
+from .resuming import all_finite, diverged, rng_state
 
 
 def checkpoint_run(out: Path, run, cfg, world: int, dev=None, log=None) -> Path:
