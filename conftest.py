@@ -80,7 +80,7 @@ def pytest_sessionfinish(session, exitstatus):
     from timed import cpu
 
     from annotated.files import write_text_atomic
-    from annotated.training.provenance import provenance
+    from annotated.provenance import provenance
 
     machine = cpu()
     slowest = sorted(_durations, reverse=True)[:_SLOWEST]

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from annotated.experiments.throughput import matmul_rate  # noqa: E402
 from annotated.files import write_text_atomic  # noqa: E402
-from annotated.training.provenance import provenance  # noqa: E402
+from annotated.provenance import provenance  # noqa: E402
 
 KINDS = {
     "native": {},

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 from annotated.files import write_text_atomic
-from annotated.training.provenance import provenance
+from annotated.provenance import provenance
 from annotated.training.registry import table_settings
 
 PARTS = ("tests", "multi30k", "base", "big", "wmt14-base", "wmt14-big")

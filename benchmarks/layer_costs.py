@@ -23,7 +23,7 @@ from annotated.experiments.charts import layer_costs_figure
 from annotated.experiments.plots import save_png
 from annotated.experiments.table1 import layer_costs
 from annotated.files import write_text_atomic
-from annotated.training.provenance import provenance
+from annotated.provenance import provenance
 
 
 def main(argv=None) -> int:

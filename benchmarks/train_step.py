@@ -97,9 +97,9 @@ from annotated.loss import (
 )
 from annotated.multihead import MultiHeadedAttention
 from annotated.precision import BF16_MARGIN, Precision, choose_precision, matmul_speedup
+from annotated.provenance import provenance
 from annotated.schedule import make_optimizer
 from annotated.training.prefetch import Prefetcher
-from annotated.training.provenance import provenance
 from annotated.training.registry import table_settings
 from annotated.training_step import loss_on_batch
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from machine import describe_cpu, file_name, load  # noqa: E402
 
-from annotated.training.provenance import provenance  # noqa: E402
+from annotated.provenance import provenance  # noqa: E402
 from annotated.training.registry import build_config  # noqa: E402
 from annotated.training.trainer import build_run, step_seed, train  # noqa: E402
 from annotated.training_step import train_step  # noqa: E402

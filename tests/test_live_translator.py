@@ -151,7 +151,7 @@ def write_results() -> None:
     import torch
 
     from annotated.files import write_text_atomic
-    from annotated.training.provenance import provenance
+    from annotated.provenance import provenance
 
     command = "ANNOTATED_TRANSLATOR_RESULTS=" + folder + " pytest tests/test_live_translator.py"
     report = provenance(command, torch.device("cpu"))

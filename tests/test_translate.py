@@ -368,3 +368,29 @@ def test_translating_imports_only_what_it_needs(checkpoint, tmp_path, task):
     assert len(loaded) <= TRANSLATE_MODULES, loaded
     heavy = [m for m in loaded if m.startswith(("annotated.training.", "annotated.data."))]
     assert heavy == ["annotated.data.tokenizer", "annotated.training.checkpoints"], heavy
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        ({"config": "multi30k"}, "not a mapping of settings with a model"),
+        ({"config": {"model": {"d_model": "16"}}}, "wrong kind (d_model='16')"),
+        ({"config": {"model": {"N": 1.5, "norm_first": 0}}}, "wrong kind (N=1.5, norm_first=0)"),
+        ({"config": {"model": {"newer": 1}}}, "does not know (newer)"),
+        ({"tokenizer": 5}, "trained with tokenizer 5"),
+        ({"tokenizer_model": 5}, "carries a damaged tokenizer"),
+    ],
+)
+def test_a_checkpoint_whose_record_has_the_wrong_kinds_is_refused_by_translate(
+    checkpoint, tmp_path, damage, says
+):
+    """Every field translate reads from a checkpoint, given a value of the wrong kind: one
+    paragraph naming it, exit 2, no traceback."""
+    state = torch.load(checkpoint[-1], weights_only=True)
+    for key, value in damage.items():
+        state[key] = {**state[key], **value} if isinstance(value, dict) else value
+    bad = tmp_path / "damaged.pt"
+    torch.save(state, bad)
+    done = cli("--checkpoint", bad)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and says in err and "Traceback" not in err, err[-1500:]

@@ -21,7 +21,7 @@ from sacrebleu.metrics import BLEU
 
 from annotated.bleu import PaperTokenizer, lowercase_tokenized_bleu
 from annotated.data.download import data_root, read_lines
-from annotated.training.provenance import provenance
+from annotated.provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {  # name -> (hypotheses, references), relative to the repository and the data folder

@@ -66,7 +66,7 @@ def render() -> int:
 
 def record(path: Path, times: dict, results: dict) -> None:
     from annotated.files import write_text_atomic
-    from annotated.training.provenance import provenance
+    from annotated.provenance import provenance
 
     command = " ".join(["python tools/build_book.py", *sys.argv[1:]])
     chapters = {k: round(v, 1) for k, v in sorted(results.items()) if isinstance(v, float)}

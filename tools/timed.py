@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     seconds = time.perf_counter() - start if args.took is None else args.took
     sys.path.insert(0, str(ROOT))
     from annotated.files import write_text_atomic
-    from annotated.training.provenance import provenance
+    from annotated.provenance import provenance
 
     record = provenance(" ".join(command), "cpu") | {"cpu": cpu(), "cpus": os.cpu_count()}
     record |= {"load_at_start": round(load, 2), "status": status, "wall_s": round(seconds, 1)}

@@ -92,7 +92,7 @@ def _run_of(checkpoint) -> dict:
         return {}
     record = checkpoint["config"]
     identity = {k: record[k] for k in RUN_IDENTITY if k in record}
-    model = asdict(recorded_model(record))
+    model = asdict(recorded_model({"model": {}, **record}))  # this version's defaults
     return identity | {"model": model, "tokenizer": checkpoint.get("tokenizer")}
 
 

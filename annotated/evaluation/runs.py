@@ -26,8 +26,8 @@ from ..beam import ALPHA, BEAM_SIZE
 from ..errors import TrainingError
 from ..files import atomic_path, lock_holder
 from ..precision import fast_decoding
+from ..provenance import git_commit
 from ..training.checkpoints import checkpoint_paths, checkpoint_step
-from ..training.provenance import git_commit
 from ..training.registry import TASKS
 from ..training.run_folder import read_json, read_metrics, step_records
 from ..training.validation import best_checkpoint, best_step

@@ -153,7 +153,7 @@ def task_tokenizer(state: dict):
     """The tokenizer of a checkpoint that carries none: ids written as numbers, rebuilt from
     the fingerprint ("ids-13"), or, for a checkpoint older than carried tokenizers, its task's
     (the one reader here that needs the registry and the training configuration)."""
-    kind, _, size = state["tokenizer"].partition("-")
+    kind, _, size = str(state["tokenizer"]).partition("-")
     if kind == "ids" and size.isdigit():
         return IdTokenizer(int(size))
     from ..training.registry import TASKS, config_from_record

@@ -90,8 +90,8 @@ from ..evaluation.translation import load_model, score
 from ..files import write_text_atomic
 from ..loss import LabelSmoothing
 from ..precision import fast_decoding
+from ..provenance import provenance
 from ..training.checkpoints import checkpoint_paths, checkpoint_step
-from ..training.provenance import provenance
 from ..training.registry import build_config
 from ..training.trainer import train
 from ..training_step import loss_on_batch

@@ -2,6 +2,7 @@
 
 # %% auto #0
 __all__ = [
+    "KINDS",
     "recorded_model",
     "CHECKPOINT_NAME",
     "CHECKPOINT_KEYS",
@@ -25,11 +26,17 @@ from dataclasses import fields
 from ..errors import ConfigError
 from ..model import ModelConfig
 
+KINDS = {  # what a recorded model setting may hold, by the type of its field
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+}
+
 
 def recorded_model(saved: dict) -> ModelConfig:
     """The model that a checkpoint or run.json recorded, this version's defaults filling what
-    it leaves out. A model setting this version does not have is refused: it would build
-    another model than the one trained."""
+    it leaves out. A model setting this version does not have is refused, since it would build
+    another model than the one trained, and so is a setting of the wrong kind."""
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
         raise ConfigError(
             f"the recorded configuration is not a mapping of settings with a model "
@@ -42,6 +49,13 @@ def recorded_model(saved: dict) -> ModelConfig:
             f"the record's model has settings this version of the code does not know "
             f"({', '.join(newer)}): it was written by a newer version. Install that version "
             f"(pip install -U annotated-transformer-book) to use it."
+        )
+    kinds = {f.name: KINDS[getattr(f.type, "__name__", str(f.type))] for f in fields(ModelConfig)}
+    wrong = [f"{k}={v!r}" for k, v in saved["model"].items() if not kinds[k](v)]
+    if wrong:
+        raise ConfigError(
+            f"the record's model has settings of the wrong kind ({', '.join(wrong)}): the file "
+            f"was damaged, or not written by this code. Name another checkpoint or run."
         )
     return ModelConfig(**saved["model"])
 

@@ -21,6 +21,7 @@ from ..files import LOCK_FILE
 from ..loss import FusedLabelSmoothing, LabelSmoothing
 from ..model import make_model
 from ..precision import Precision, bf16_speedup, choose_precision
+from ..provenance import git_commit
 from ..schedule import make_optimizer
 from ..training_step import loss_on_batch, train_step
 from .checkpoints import (
@@ -42,7 +43,6 @@ from .distributed import (
     setup_distributed,
 )
 from .prefetch import Prefetcher
-from .provenance import git_commit
 from .registry import TASKS, Task
 from .reporting import check_reporters, open_reports
 from .resuming import (
