@@ -271,3 +271,38 @@ def test_each_module_imports_the_package_one_way():
             ):
                 absolute.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert absolute == []
+
+
+def test_no_two_modules_import_each_other():
+    """The package's imports, module-level and function-level alike, form no circle: a module
+    that needs another's names never leaves the other needing its own (say, the registry and
+    the configuration files)."""
+    import ast
+
+    graph: dict[str, set[str]] = {}
+    for path in (ROOT / "annotated").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = parts[:-1]
+        edges = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join([*base, *(node.module or "").split(".")]).rstrip(".")
+                edges.add(target)
+    graph = {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
+    circles, state = [], dict.fromkeys(graph, 0)  # 0 unseen, 1 on the path, 2 done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state[target] == 1:
+                circles.append(path[path.index(target) :] + [target])
+            elif state[target] == 0:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if state[module] == 0:
+            visit(module, [module])
+    assert circles == [], circles

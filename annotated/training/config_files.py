@@ -8,27 +8,28 @@ __all__ = ["LARGEST", "config_from_file", "config_text"]
 import json
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from .config import TrainConfig, built, parse_overrides, put_setting, settings_of
-from .registry import TASKS
 
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
-def config_from_file(path, overrides=()) -> TrainConfig:
+def config_from_file(path, overrides, data_of: Callable[[str], type]) -> TrainConfig:
     """The configuration that a JSON or YAML file holds, nested as `--print-config` prints it
-    (or a run's run.json), with `key=value` overrides applied. Every key must be a setting of
-    the right type, so that a misspelt key is an error rather than a default kept silently."""
+    (or a run's run.json), with `key=value` overrides applied; `data_of(task)` is the task's
+    data class (`build_config` passes the registry's). Every key must be a setting of the right
+    type, so that a misspelt key is an error rather than a default kept silently."""
     path = Path(path)
     raw = _read_config(path)
     task = raw.get("task")
     if not isinstance(task, str) or not task:
         raise ConfigError(f"{path}: no task; a configuration file names it (task: copy, ...).")
-    data = TASKS[task].Data
+    data = data_of(task)
     settings = settings_of(TrainConfig(task=task, data=data()))
     groups = {key.rsplit(".", 1)[0] for key in settings if "." in key}
     for key, value in _flattened(raw).items():

@@ -34,6 +34,7 @@ from .config import (
     put_setting,
     settings_of,
 )
+from .config_files import config_from_file
 
 
 class TextTokenizer(Protocol):
@@ -188,9 +189,7 @@ def build_config(name: str, overrides=()) -> TrainConfig:
     built once: every part checks its values as it is made. A name ending in .json, .yaml or
     .yml is a configuration file instead (appendix A3)."""
     if name.lower().endswith((".json", ".yaml", ".yml")):
-        from .config_files import config_from_file
-
-        return config_from_file(name, overrides)
+        return config_from_file(name, overrides, lambda task: TASKS[task].Data)
     task = task_of(name)
     data = TASKS[task].Data
     settings = settings_of(TrainConfig(task=task, data=data())) | table_settings(name)
