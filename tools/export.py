@@ -124,21 +124,13 @@ def __dir__() -> list[str]:
 
 
 def _write_init(lib: Path) -> None:
+    module_of = {n: module for module, names in READER_API.items() for n in names}
     lines = [
         INIT_HEADER,
         "import importlib",
-        "from typing import TYPE_CHECKING",
         "",
-        "if TYPE_CHECKING:",
-    ]
-    for module, names in sorted(READER_API.items()):
-        lines.append(f"    from .{module} import {', '.join(sorted(names, key=_isort_key))}")
-    everything = [n for names in READER_API.values() for n in names]
-    module_of = {n: module for module, names in READER_API.items() for n in names}
-    lines += [
-        "",
-        f"_MODULE_OF = {module_of!r}",
-        f"__all__ = {everything!r}",
+        f"_MODULE_OF = {module_of!r}  # the reader's API: each name and the module it comes from",
+        "__all__ = list(_MODULE_OF)",
         '__version__ = "0.1.0"',
     ]
     lines += [LAZY_GETATTR]
