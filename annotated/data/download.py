@@ -195,7 +195,14 @@ def fetch(
     root = Path(root) if root is not None else data_root()
     path = root / relpath
     if path.is_file():
-        verify_file(path, entry)
+        try:
+            verify_file(path, entry)
+        except ChecksumError as e:  # a local copy: changed, cut short, or another file
+            again = f"unset {DATA_ENV} and " if DATA_ENV in os.environ else ""
+            raise ChecksumError(
+                f"{e} This copy is not the published file. Replace it with the official one "
+                f"({entry.url}), or delete it, {again}run again to download it."
+            ) from None
         return path
     if download is None:
         download = DATA_ENV not in os.environ
