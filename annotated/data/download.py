@@ -177,6 +177,19 @@ def _download(
 
 
 # %% ../../notebooks/A2_downloads.ipynb #a2-c007d
+def _local_copy(path: Path, entry: RemoteFile) -> Path:
+    """`path`, a copy already on disk, if it is the published file; else what to do about it."""
+    try:
+        verify_file(path, entry)
+    except ChecksumError as e:  # changed, cut short, or another file under the name
+        again = f"unset {DATA_ENV} and " if DATA_ENV in os.environ else ""
+        raise ChecksumError(
+            f"{e} This copy is not the published file. Replace it with the official one "
+            f"({entry.url}), or delete it, {again}run again to download it."
+        ) from None
+    return path
+
+
 def fetch(
     file: RemoteFile,
     *,
@@ -195,15 +208,7 @@ def fetch(
     root = Path(root) if root is not None else data_root()
     path = root / relpath
     if path.is_file():
-        try:
-            verify_file(path, entry)
-        except ChecksumError as e:  # a local copy: changed, cut short, or another file
-            again = f"unset {DATA_ENV} and " if DATA_ENV in os.environ else ""
-            raise ChecksumError(
-                f"{e} This copy is not the published file. Replace it with the official one "
-                f"({entry.url}), or delete it, {again}run again to download it."
-            ) from None
-        return path
+        return _local_copy(path, entry)
     if download is None:
         download = DATA_ENV not in os.environ
     if not download:
