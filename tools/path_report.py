@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import re
 import sys
@@ -41,6 +42,7 @@ EXEMPT = {"A6_charts_and_figures"}
 EXEMPT_NAMES = {("experiments.book_runs", "glue")}
 
 
+@functools.cache
 def root_names() -> dict[str, str]:
     """name -> module for `from annotated import name`: the generated __init__'s `_MODULE_OF`."""
     tree = ast.parse((ROOT / "annotated" / "__init__.py").read_text(encoding="utf-8"))

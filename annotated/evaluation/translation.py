@@ -130,7 +130,7 @@ def read_model(paths: str | Path | Sequence[str | Path], device="cpu"):
     the training configuration the checkpoint saved, as it saved it."""
     files = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
     if not files:
-        raise TrainingError("load_model: no checkpoint given; pass a path or a list of paths")
+        raise TrainingError("read_model: no checkpoint given; pass a path or a list of paths")
     for p in files:
         if not p.exists():
             raise TrainingError(f"checkpoint {p} does not exist")

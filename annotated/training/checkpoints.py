@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = [
-    "KINDS",
+    "fits",
     "recorded_model",
     "CHECKPOINT_NAME",
     "CHECKPOINT_KEYS",
@@ -26,11 +26,13 @@ from dataclasses import fields
 from ..errors import ConfigError
 from ..model import ModelConfig
 
-KINDS = {  # what a recorded model setting may hold, by the type of its field
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    "bool": lambda v: isinstance(v, bool),
-}
+
+def fits(value, default) -> bool:
+    """May `value` stand where `default` stands? The same type, except that a float setting
+    takes a whole number too; a bool is never taken for a number, nor a number for a bool."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return type(value) is type(default)
+    return isinstance(value, (int, float) if isinstance(default, float) else type(default))
 
 
 def recorded_model(saved: dict) -> ModelConfig:
@@ -50,8 +52,8 @@ def recorded_model(saved: dict) -> ModelConfig:
             f"({', '.join(newer)}): it was written by a newer version. Install that version "
             f"(pip install -U annotated-transformer-book) to use it."
         )
-    kinds = {f.name: KINDS[getattr(f.type, "__name__", str(f.type))] for f in fields(ModelConfig)}
-    wrong = [f"{k}={v!r}" for k, v in saved["model"].items() if not kinds[k](v)]
+    defaults = ModelConfig()
+    wrong = [f"{k}={v!r}" for k, v in saved["model"].items() if not fits(v, getattr(defaults, k))]
     if wrong:
         raise ConfigError(
             f"the record's model has settings of the wrong kind ({', '.join(wrong)}): the file "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .checkpoints import fits
 from .config import TrainConfig, built, parse_overrides, put_setting, settings_of
 
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -41,7 +42,7 @@ def config_from_file(path, overrides, data_of: Callable[[str], type]) -> TrainCo
                               f"{', '.join(settings)}.")  # fmt: skip
         if isinstance(default, float) and isinstance(value, str) and _NUMBER.fullmatch(value):
             value = float(value)  # YAML 1.1, PyYAML's, reads 1e-3 (no dot) as text
-        if not _fits(value, default):
+        if not fits(value, default):
             kind = type(default).__name__
             raise ConfigError(
                 f"{path}: {key} is {value!r}, but it takes a{'n' * (kind[0] in 'aeiou')} {kind} "
@@ -95,12 +96,6 @@ def _yaml(text: str):
 
     Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
     return yaml.load(text, Loader=Loader)
-
-
-def _fits(value, default) -> bool:
-    if isinstance(default, bool) or isinstance(value, bool):
-        return type(value) is type(default)
-    return isinstance(value, (int, float) if isinstance(default, float) else type(default))
 
 
 LARGEST = 1 << 20  # bytes: a configuration is a few kB; a file larger than this is not one
