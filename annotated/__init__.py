@@ -43,7 +43,7 @@ _MODULE_OF = {
     "greedy_decode": "decoding",
     "beam_search": "decoding",
     "length_penalty": "beam",
-    "average_checkpoints": "evaluation.averaging",
+    "average_checkpoints": "checkpoints",
     "sacrebleu_score": "bleu",
     "tokenized_bleu": "bleu",
     "lowercase_tokenized_bleu": "bleu",

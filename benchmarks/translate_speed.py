@@ -36,11 +36,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from annotated.checkpoints import checkpoint_paths
 from annotated.evaluation.translation import load_model, translate
 from annotated.files import write_text_atomic
 from annotated.precision import fast_decoding
 from annotated.provenance import provenance
-from annotated.training.checkpoints import checkpoint_paths
 from annotated.training.registry import TASKS
 
 ENGINES = ("book", "ctranslate2", "ctranslate2-int8", "onnx")

@@ -3,8 +3,8 @@ for the same one, resumes it when it was interrupted, and starts again when aske
 
 import json
 
+from annotated.checkpoints import checkpoint_paths
 from annotated.experiments.book_runs import book_run, finished
-from annotated.training.checkpoints import checkpoint_paths
 
 TINY = ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "data.batch_sentences=4"]
 

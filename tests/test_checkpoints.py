@@ -7,22 +7,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated.cli import translate as translate_cli
-from annotated.data.tokenizer import TokenizerMismatch, check_fingerprint
-from annotated.errors import DataError, TrainingError
-from annotated.evaluation.averaging import average_checkpoints
-from annotated.training.checkpoints import (
+from annotated.checkpoints import (
     CHECKPOINT_NAME,
+    average_checkpoints,
     check_same_run,
     checkpoint_name,
     checkpoint_paths,
     checkpoint_step,
     identity_differences,
     load_checkpoint,
-    save_checkpoint,
 )
+from annotated.cli import translate as translate_cli
+from annotated.data.tokenizer import TokenizerMismatch, check_fingerprint
+from annotated.errors import DataError, TrainingError
 from annotated.training.registry import build_config
 from annotated.training.run_folder import run_identity
+from annotated.training.saving import save_checkpoint
 from annotated.training.trainer import train
 
 TINY = ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "data.batch_sentences=8"]

@@ -235,8 +235,8 @@ def test_the_browser_model_is_the_scored_run_with_translates_outputs(tiny_run, t
     import subprocess
     import sys
 
+    from annotated.checkpoints import checkpoint_paths
     from annotated.evaluation.translation import load_model
-    from annotated.training.checkpoints import checkpoint_paths
 
     from helpers import ROOT
 

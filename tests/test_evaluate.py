@@ -237,9 +237,9 @@ def test_score_is_translate_then_every_bleu_of_the_book(copy_run, monkeypatch):
     import inspect
 
     from annotated.bleu import score_translations
+    from annotated.checkpoints import checkpoint_paths
     from annotated.evaluation import translation
     from annotated.evaluation.translation import load_model, translate
-    from annotated.training.checkpoints import checkpoint_paths
 
     model, tokenizer, _ = load_model(checkpoint_paths(copy_run)[-1:])
     searched = []
@@ -333,8 +333,8 @@ def test_table3_dev_scores_reports_what_score_returns(copy_run, monkeypatch):
 def test_the_sweep_and_the_browser_model_report_what_score_returns(
     copy_run, scored_test2016, monkeypatch
 ):
+    from annotated.checkpoints import checkpoint_paths
     from annotated.evaluation.translation import load_model
-    from annotated.training.checkpoints import checkpoint_paths
 
     from helpers import ROOT
 

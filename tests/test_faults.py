@@ -19,12 +19,12 @@ import torch
 
 from annotated.errors import ConfigError, DataError, TrainingError
 from annotated.files import lock_out_dir
-from annotated.training import checkpoints
-from annotated.training.checkpoints import save_checkpoint
+from annotated.training import saving
 from annotated.training.config import apply_overrides
 from annotated.training.registry import CONFIGS, build_config
 from annotated.training.resuming import all_finite
 from annotated.training.run_folder import check_run_folder
+from annotated.training.saving import save_checkpoint
 from annotated.training.trainer import train
 
 from helpers import (
@@ -194,8 +194,8 @@ def test_a_short_disk_prunes_the_oldest_checkpoints_and_never_the_newest(tmp_pat
     for step in (10, 20, 30, 40):
         save_checkpoint(tmp_path, {**state, "step": step}, keep_last=5)
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: usage(1, 1, 0))
-    monkeypatch.setattr(checkpoints, "atomic_path", _full_disk)
+    monkeypatch.setattr(saving.shutil, "disk_usage", lambda path: usage(1, 1, 0))
+    monkeypatch.setattr(saving, "atomic_path", _full_disk)
     with pytest.raises(TrainingError, match="the last checkpoint, ckpt_00000040.pt, is intact"):
         save_checkpoint(tmp_path, {**state, "step": 50}, keep_last=2)
     assert checkpoint_names(tmp_path) == ["ckpt_00000040.pt"]
@@ -206,7 +206,7 @@ def test_a_short_disk_prunes_the_oldest_checkpoints_and_never_the_newest(tmp_pat
 
 
 def test_a_first_checkpoint_that_cannot_be_written_says_there_is_none(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoints, "atomic_path", _full_disk)
+    monkeypatch.setattr(saving, "atomic_path", _full_disk)
     with pytest.raises(TrainingError, match="no checkpoint of this run exists yet"):
         save_checkpoint(tmp_path, {"step": 5}, keep_last=2)
 
@@ -220,7 +220,7 @@ def test_a_checkpoint_folder_that_refuses_writes_is_not_called_a_full_disk(tmp_p
     command line reports (its epilogue words an OSError), not a full disk."""
     monkeypatch.setattr(torch, "save", _cannot_open)
     denied = PermissionError(13, "Permission denied", str(tmp_path / "checkpoints"))
-    monkeypatch.setattr(checkpoints.tempfile, "TemporaryFile", lambda **kw: _raise(denied))
+    monkeypatch.setattr(saving.tempfile, "TemporaryFile", lambda **kw: _raise(denied))
     with pytest.raises(PermissionError) as refused:
         save_checkpoint(tmp_path, {"step": 5}, keep_last=2)
     assert refused.value.filename == str(tmp_path / "checkpoints")

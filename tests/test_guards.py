@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from annotated.checkpoints import checkpoint_paths
 from annotated.files import atomic_path, lock_holder, lock_out_dir
-from annotated.training.checkpoints import checkpoint_paths
 from annotated.training.distributed import StopRequests
 
 

@@ -241,9 +241,9 @@ def test_fine_tuning_starts_from_the_weights_alone_and_refuses_what_does_not_fit
 ):
     import torch
 
+    from annotated.checkpoints import checkpoint_paths, load_checkpoint
     from annotated.cli import train
     from annotated.model import make_model
-    from annotated.training.checkpoints import checkpoint_paths, load_checkpoint
     from annotated.training.resuming import initial_weights
 
     first = tmp_path / "first"

@@ -23,8 +23,8 @@ def test_adding_a_task_takes_one_module_and_one_row(tmp_path, monkeypatch):
     """tests/tiny_tasks/reverse.py and one row: it builds, trains, is read back and translates."""
     from tiny_tasks.reverse import ReverseData
 
+    from annotated.checkpoints import checkpoint_paths
     from annotated.evaluation.translation import load_model, translate
-    from annotated.training.checkpoints import checkpoint_paths
     from annotated.training.trainer import train
 
     row = {"task": "tiny_tasks.reverse", "data.longest": 4, "max_steps": 400}
@@ -128,7 +128,7 @@ def imported(code: str) -> list[str]:
         (
             "loading a model for translate",
             "from annotated.evaluation.translation import load_model\n"
-            "from annotated.training.checkpoints import checkpoint_paths\n"
+            "from annotated.checkpoints import checkpoint_paths\n"
             "load_model(checkpoint_paths(__import__('pathlib').Path({run!r}))[-1:])",
         ),
         (
@@ -198,7 +198,7 @@ def test_a_checkpoint_of_a_task_of_your_own_never_imports_it_unasked(tmp_path, m
     tokenizer, so it translates without importing the module; `evaluate`, which needs the
     task's test sets, refuses with a message that names --import before the module runs; with
     --import the module is imported, and a module that does not exist is named."""
-    from annotated.training.checkpoints import checkpoint_paths
+    from annotated.checkpoints import checkpoint_paths
     from annotated.training.trainer import train
 
     row = {"task": "tiny_tasks.reverse", "data.longest": 4, "max_steps": 2, "checkpoint_every": 0}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated.training.checkpoints import checkpoint_paths
+from annotated.checkpoints import checkpoint_paths
 from annotated.training.registry import build_config
 
 from helpers import (

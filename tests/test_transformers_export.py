@@ -13,13 +13,13 @@ import torch
 
 import annotated.beam
 from annotated.batching import BOS, EOS, PAD, make_batch
+from annotated.checkpoints import checkpoint_paths
 from annotated.data.multi30k import load_multi30k
 from annotated.decoding import beam_search_hypotheses
 from annotated.embeddings import sinusoidal_table
 from annotated.errors import ConfigError
 from annotated.evaluation.translation import load_model
 from annotated.model import make_model
-from annotated.training.checkpoints import checkpoint_paths
 from annotated.training.run_folder import read_json
 
 from helpers import run_trainer, sets

@@ -23,12 +23,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from annotated.checkpoints import checkpoint_paths  # noqa: E402
 from annotated.deploy.onnx_model import export_onnx  # noqa: E402
 from annotated.evaluation.translation import load_model, score  # noqa: E402
 from annotated.files import atomic_path  # noqa: E402
 from annotated.precision import fast_decoding  # noqa: E402
 from annotated.provenance import provenance  # noqa: E402
-from annotated.training.checkpoints import checkpoint_paths  # noqa: E402
 from annotated.training.registry import TASKS  # noqa: E402
 
 OUT = ROOT / "book" / "translator"

@@ -62,7 +62,7 @@ READER_API = {
     "fast": ["make_fast"],
     "decoding": ["greedy_decode", "beam_search"],
     "beam": ["length_penalty"],
-    "evaluation.averaging": ["average_checkpoints"],
+    "checkpoints": ["average_checkpoints"],
     "bleu": ["sacrebleu_score", "tokenized_bleu", "lowercase_tokenized_bleu"],
     "corpus": ["load_corpus"],
     "data.tokenizer": ["Tokenizer", "train_tokenizer", "load_tokenizer"],

@@ -36,12 +36,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from annotated.checkpoints import checkpoint_paths  # noqa: E402
 from annotated.errors import ExpectedError  # noqa: E402
 from annotated.evaluation.translation import load_model, score  # noqa: E402
 from annotated.experiments.throughput import measure_throughput  # noqa: E402
 from annotated.precision import fast_decoding  # noqa: E402
 from annotated.provenance import provenance  # noqa: E402
-from annotated.training.checkpoints import checkpoint_paths  # noqa: E402
 from annotated.training.registry import TASKS, build_config  # noqa: E402
 
 # name -> the --set overrides applied to multi30k-cpu. Round 1 (float32 step times) ran

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from ..beam import ALPHA, BEAM_SIZE
+from ..checkpoints import checkpoint_step
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
 from ..files import LOCK_FILE, check_writable
-from ..training.checkpoints import checkpoint_step
 from ..training.run_folder import read_json
 from ..training.tensorboard import board_scores
 from ..training.validation import best_checkpoint

@@ -10,12 +10,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..checkpoints import checkpoint_paths, load_checkpoint
 from ..data.encoded import EncodedCorpus
 from ..data.parallel import load_prepared, prepare_parallel, split_tsv
 from ..data.preparation import Prepared
-from ..data.tokenizer import Tokenizer, load_tokenizer
+from ..data.tokenizer import Tokenizer, carried_tokenizer, load_tokenizer
 from ..errors import DataError
-from ..training.checkpoints import carried_tokenizer, checkpoint_paths, load_checkpoint
 from ..training.registry import CONFIGS, TASKS, build_config, config_from_record, task_of
 from ..training.run_folder import read_json
 from ..training.tasks.wmt14 import prepare_for

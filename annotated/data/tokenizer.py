@@ -3,6 +3,8 @@
 # %% auto #0
 __all__ = [
     "IdTokenizer",
+    "tokenizer_bytes",
+    "carried_tokenizer",
     "UNK",
     "TOKENIZER_OPTIONS",
     "Tokenizer",
@@ -37,6 +39,37 @@ class IdTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return " ".join(map(str, ids))
+
+
+# %% ../../notebooks/19_checkpoints.ipynb #06e-travel
+def tokenizer_bytes(tokenizer) -> bytes | None:
+    """What a checkpoint carries of its tokenizer: the SentencePiece model, serialised, or
+    nothing for the copy task's ids."""
+    processor = getattr(tokenizer, "sp", None)
+    return processor.serialized_model_proto() if processor is not None else None
+
+
+def carried_tokenizer(state: dict, path: "Path") -> "Tokenizer | None":
+    """The tokenizer that checkpoint `state`, read from `path`, carries, checked against the
+    fingerprint it was trained with; None when it carries none."""
+    blob = state.get("tokenizer_model")
+    if blob is None:
+        return None
+    import sentencepiece as spm
+
+    fix = "The file was altered or damaged; use another checkpoint of the run."
+    try:
+        tokenizer = Tokenizer(spm.SentencePieceProcessor(model_proto=blob))
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise TrainingError(
+            f"{path} carries a damaged tokenizer: it cannot be read ({str(e)[:120]}). {fix}"
+        ) from None
+    if tokenizer.fingerprint != state["tokenizer"]:
+        raise TrainingError(
+            f"{path} carries a damaged tokenizer: its fingerprint is {tokenizer.fingerprint}, "
+            f"not {state['tokenizer']}, the one it was trained with. {fix}"
+        )
+    return tokenizer
 
 
 # %% ../../notebooks/23_multi30k_data.ipynb #c002b

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from ..beam import ALPHA, BEAM_SIZE
+from ..checkpoints import checkpoint_paths, checkpoint_step
 from ..errors import TrainingError
 from ..files import atomic_path, lock_holder
 from ..precision import fast_decoding
 from ..provenance import git_commit
-from ..training.checkpoints import checkpoint_paths, checkpoint_step
 from ..training.registry import TASKS
 from ..training.run_folder import read_json, read_metrics, step_records
 from ..training.validation import best_checkpoint, best_step

@@ -111,17 +111,11 @@ from pathlib import Path
 from typing import Any
 
 from ..beam import ALPHA, BEAM_SIZE
-from ..data.tokenizer import IdTokenizer, check_fingerprint
+from ..checkpoints import average_checkpoints, load_checkpoint, load_weights, recorded_model
+from ..data.tokenizer import IdTokenizer, carried_tokenizer, check_fingerprint
 from ..errors import TrainingError
 from ..model import make_model
 from ..precision import fast_decoding
-from ..training.checkpoints import (
-    carried_tokenizer,
-    load_checkpoint,
-    load_weights,
-    recorded_model,
-)
-from .averaging import average_checkpoints
 
 
 # %% ../../notebooks/20_building_and_resuming.ipynb #b20-ld-c1

@@ -13,8 +13,8 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+from ..checkpoints import checkpoint_paths, load_checkpoint
 from ..files import hold_lock
-from ..training.checkpoints import checkpoint_paths, load_checkpoint
 from ..training.registry import build_config
 from ..training.run_folder import read_json
 from ..training.trainer import train

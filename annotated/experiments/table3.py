@@ -84,6 +84,7 @@ import torch
 
 from ..batching import BOS, EOS, PAD, make_batch
 from ..beam import ALPHA, BEAM_SIZE
+from ..checkpoints import checkpoint_paths, checkpoint_step
 from ..data.multi30k import load_multi30k
 from ..errors import ConfigError, Diverged
 from ..evaluation.translation import load_model, score
@@ -91,7 +92,6 @@ from ..files import write_text_atomic
 from ..loss import LabelSmoothing
 from ..precision import fast_decoding
 from ..provenance import provenance
-from ..training.checkpoints import checkpoint_paths, checkpoint_step
 from ..training.registry import build_config
 from ..training.trainer import train
 from ..training_step import loss_on_batch

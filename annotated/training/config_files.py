@@ -13,8 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..checkpoints import fits
 from ..errors import ConfigError
-from .checkpoints import fits
 from .config import TrainConfig, built, parse_overrides, put_setting, settings_of
 
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Protocol
 
 from ..batching import Batch
+from ..checkpoints import recorded_model
 from ..errors import ConfigError
-from .checkpoints import recorded_model
 from .config import (
     PARTS,
     TaskData,

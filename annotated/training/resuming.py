@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoints import checkpoint_paths, load_checkpoint, load_weights
 from ..errors import Diverged, TrainingError
-from .checkpoints import checkpoint_paths, load_checkpoint, load_weights
 
 
 # %% ../../notebooks/19_checkpoints.ipynb #c013c3

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..checkpoints import RUN_IDENTITY, check_same_run, checkpoint_paths
 from ..errors import TrainingError
 from ..files import lock_out_dir, open_in_place, refuse_link, write_text_atomic
-from .checkpoints import RUN_IDENTITY, check_same_run, checkpoint_paths
 from .config import TrainConfig
 from .distributed import all_sum
 from .registry import config_from_record

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..batching import PAD
+from ..checkpoints import check_same_run, checkpoint_step, load_checkpoint, load_weights
 from ..data.tokenizer import check_fingerprint
 from ..errors import Preempted, TrainingError, out_of_memory, refuse_broken
 from ..fast import make_fast
@@ -24,12 +25,6 @@ from ..precision import Precision, bf16_speedup, choose_precision
 from ..provenance import git_commit
 from ..schedule import make_optimizer
 from ..training_step import loss_on_batch, train_step
-from .checkpoints import (
-    check_same_run,
-    checkpoint_step,
-    load_checkpoint,
-    load_weights,
-)
 from .config import (
     TrainConfig,
     checkpoint_due,

@@ -23,10 +23,10 @@ import torch
 
 from ..batching import BOS, EOS, make_batch
 from ..bleu import sacrebleu_score
+from ..checkpoints import CHECKPOINT_NAME, checkpoint_name
 from ..decoding import greedy_decode, sequence_log_prob
 from ..errors import ConfigError, TrainingError
 from ..files import write_text_atomic
-from .checkpoints import CHECKPOINT_NAME, checkpoint_name
 from .config import TrainConfig
 from .distributed import all_sum
 from .registry import TASKS
@@ -186,9 +186,10 @@ def best_checkpoint(run_dir: Path) -> Path:
 # %% ../../notebooks/22_the_loop.ipynb #c015d3b
 from dataclasses import asdict
 
+from ..data.tokenizer import tokenizer_bytes
 from ..files import check_lock
-from .checkpoints import save_checkpoint, tokenizer_bytes
 from .resuming import all_finite, diverged, rng_state
+from .saving import save_checkpoint
 
 
 def checkpoint_run(out: Path, run, cfg, world: int, dev=None, log=None) -> Path:
