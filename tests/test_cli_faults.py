@@ -16,7 +16,7 @@ from annotated.cli import translate as translate_cli
 from annotated.errors import TrainingError
 from annotated.evaluation import runs
 from annotated.files import lock_out_dir
-from annotated.training.run_folder import Progress
+from annotated.training.progress import Progress
 
 from helpers import TINY, error_of, run_trainer, sets, tiny_copy
 

@@ -511,17 +511,17 @@ def test_a_resumed_run_logs_each_step_once(tmp_path):
 
 def kept_steps(cfg, seconds_per_step: float, monkeypatch) -> list[int]:
     """The steps whose checkpoints a run keeps at its end when every step takes
-    `seconds_per_step`: the training loop's rule (config.checkpoint_due, then the last
+    `seconds_per_step`: the training loop's rule (progress.checkpoint_due, then the last
     `keep_last`), on a simulated clock."""
-    import annotated.training.config as config
+    import annotated.training.progress as progress
 
     clock = [0.0]
-    monkeypatch.setattr(config.time, "time", lambda: clock[0])
+    monkeypatch.setattr(progress.time, "time", lambda: clock[0])
     kept: list[int] = []
     last = 0.0
     for step in range(1, cfg.max_steps + 1):
         clock[0] += seconds_per_step
-        if config.checkpoint_due(cfg, step, last):
+        if progress.checkpoint_due(cfg, step, last):
             kept, last = [*kept, step][-cfg.keep_last :], clock[0]
     return kept
 

@@ -203,8 +203,8 @@ def test_a_validation_is_shown_and_left_out_of_the_training_time(tmp_path):
     (so max_minutes and elapsed_s), the tokens-per-second window and tqdm's rate."""
     import time
 
+    from annotated.training.progress import Progress
     from annotated.training.registry import build_config
-    from annotated.training.run_folder import Progress
 
     log = Progress(tmp_path, build_config("copy"), 0, 0.0, writes=True, bar=True)
     start, window, bar_start = log.start, log.window_start, log.bar.start_t

@@ -20,8 +20,6 @@ __all__ = [
     "parse_overrides",
     "apply_overrides",
     "micro_batches_per_process",
-    "checkpoint_due",
-    "out_of_time",
 ]
 
 # %% ../../notebooks/17_trainer_configuration.ipynb #c002a
@@ -29,7 +27,6 @@ __all__ = [
 # `key=value` settings that the command line and the registry's table write.
 import dataclasses
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,7 +35,6 @@ from ..loss import SMOOTHING
 from ..model import TRANSFORMER_BASE, TRANSFORMER_BIG, ModelConfig
 from ..precision import PRECISIONS
 from ..schedule import BETAS, EPS, WARMUP
-from .distributed import all_sum
 
 
 # %% ../../notebooks/17_trainer_configuration.ipynb #c004
@@ -312,18 +308,3 @@ def micro_batches_per_process(cfg: TrainConfig, world: int) -> int:
     if b.accum:
         return b.accum
     return max(1, math.ceil(b.tokens_per_step / (world * BUCKET_FILL * b.max_tokens)))
-
-
-# %% ../../notebooks/22_the_loop.ipynb #c015d2
-def checkpoint_due(cfg: TrainConfig, step: int, last_time: float) -> bool:
-    minutes = cfg.checkpoint_minutes and time.time() - last_time >= 60 * cfg.checkpoint_minutes
-    every = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-    return bool(every or minutes or step == cfg.max_steps)
-
-
-def out_of_time(cfg: TrainConfig, seconds: float, world: int, device) -> bool:
-    """Has the run used its `max_minutes`? Every process stops at the same step: the first
-    one to run out of time decides for all."""
-    if not cfg.max_minutes:
-        return False
-    return all_sum(float(seconds >= 60 * cfg.max_minutes), world, device) > 0

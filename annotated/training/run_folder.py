@@ -8,29 +8,23 @@ __all__ = [
     "record_run",
     "run_identity",
     "check_run_folder",
-    "Progress",
     "own_run_folder",
-    "run_summary",
 ]
 
 # %% ../../notebooks/19_checkpoints.ipynb #c002c2
-# What a run writes beside its checkpoints: the progress bar and metrics log (metrics.jsonl) as
-# it goes, run.json with its history, the closing summary; and reading them back.
+# The run folder: run.json with its history, metrics.jsonl read back, and the folder checked
+# and owned before a run writes there (chapter 22 writes the progress and the metrics).
 import json
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tqdm import tqdm
-
 from ..checkpoints import RUN_IDENTITY, check_same_run, checkpoint_paths
 from ..errors import TrainingError
-from ..files import lock_out_dir, open_in_place, refuse_link, write_text_atomic
+from ..files import lock_out_dir, refuse_link, write_text_atomic
 from .config import TrainConfig
 from .distributed import all_sum
 from .registry import config_from_record
-from .tensorboard import board_record
 
 
 # %% ../../notebooks/19_checkpoints.ipynb #c013c2
@@ -146,103 +140,6 @@ def check_run_folder(out: Path, cfg: TrainConfig, resume: bool, owner: bool) -> 
     return existing[-1]
 
 
-# %% ../../notebooks/22_the_loop.ipynb #c015d
-from contextlib import contextmanager
-
-
-class Progress:
-    """The progress bar and metrics.jsonl of the first process (the others write nothing)."""
-
-    def __init__(
-        self, out: Path, cfg: TrainConfig, step: int, earlier: float, *, writes: bool, bar: bool,
-        board=None,
-    ):  # fmt: skip
-        """`earlier`: the seconds that earlier sessions of a resumed run trained; `board`: a
-        function of the step that opens writers for the curves too (TensorBoard's, chapter 27;
-        and any of appendix A3's open_reports)."""
-        path = out / "metrics.jsonl"
-        if writes:
-            refuse_link(path)  # never read, rewrite or append through a link
-        self.records: list[dict] = []  # what a resumed run logged up to its checkpoint
-        if writes and path.exists():  # a resumed run: drop what came after its checkpoint
-            self.records = [r for r in read_metrics(path)[0] if r["step"] <= step]
-            write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in self.records))
-        self.log = open_in_place(path) if writes else None
-        self.board = board(step) if writes and board else None
-        self.bar = tqdm(
-            total=cfg.max_steps,
-            initial=step,
-            disable=not (writes and bar),
-            unit="step",
-            dynamic_ncols=True,
-        )
-        self.every, self.last_step = cfg.log_every, cfg.max_steps
-        self.start = self.window_start = time.time()
-        self.earlier = earlier
-        self.window_tokens, self.window_waited = 0, 0.0
-        self.paused_s = 0.0  # seconds of validation in this session, not training time
-
-    def update(
-        self, step, loss, lr, tokens: int, skipped=None, grad_norm=None, *, waited=0.0, last=False
-    ) -> None:
-        """skipped: fp16 steps skipped so far; grad_norm: the step's gradient norm before any
-        clipping; waited: seconds spent waiting for data so far;
-        last: the run ends at this step (its time limit), which is logged whatever the step."""
-        self.window_tokens += tokens
-        if self.log is None:
-            return
-        elapsed = time.time() - self.window_start
-        tok_s = self.window_tokens / elapsed if elapsed > 0 else 0.0
-        self.bar.set_postfix(
-            loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False
-        )
-        self.bar.update(1)
-        if step % self.every == 0 or step == self.last_step or last:
-            seconds = self.earlier + time.time() - self.start  # every session's time
-            record = dict(step=step, loss=loss, lr=lr, target_tokens_per_s=tok_s, elapsed_s=seconds)
-            record["data_wait"] = (waited - self.window_waited) / elapsed if elapsed > 0 else 0.0
-            if skipped is not None:  # fp16: optimiser steps skipped so far
-                record["skipped_steps"] = skipped
-            record["grad_norm"] = grad_norm
-            self.log.write(json.dumps(record) + "\n")
-            self.log.flush()
-            if self.board:
-                board_record(self.board, record)
-            self.window_tokens, self.window_start, self.window_waited = 0, time.time(), waited
-
-    @contextmanager
-    def paused(self, what: str):
-        """A pause in training, a validation: named on the bar, and left out of the run's
-        training time (so of max_minutes), its tokens per second and the bar's time left."""
-        started = time.time()
-        self.bar.set_description(what, refresh=True)
-        try:
-            yield
-        finally:
-            pause = time.time() - started
-            self.start, self.window_start = self.start + pause, self.window_start + pause
-            self.paused_s += pause
-            self.bar.set_description("", refresh=False)
-            self.bar.unpause()  # tqdm's clock, for its rate and time left
-
-    def note(self, record: dict) -> None:
-        """Log a record that is not a step's, a validation's (chapter 22's last section)."""
-        if self.log is not None:
-            self.log.write(json.dumps(record) + "\n")
-            self.log.flush()
-            self.bar.write(f"step {record['step']}: dev loss {record['dev_loss']:.3f}, "
-                           f"dev BLEU {record['dev_bleu']:.2f}")  # fmt: skip
-        if self.board:
-            board_record(self.board, record)
-
-    def close(self) -> None:
-        self.bar.close()
-        if self.log:
-            self.log.close()
-        if self.board:
-            self.board.close()
-
-
 # %% ../../notebooks/22_the_loop.ipynb #c015e0
 def own_run_folder(out: Path, rank: int, world: int, device):
     """The first process takes the folder's lock; every process learns whether it did before
@@ -259,37 +156,3 @@ def own_run_folder(out: Path, rank: int, world: int, device):
             f"lock it); this process changed nothing there."
         )
     return lock
-
-
-# %% ../../notebooks/22_the_loop.ipynb #c015e3
-def run_summary(out, cfg, step, seconds, loss, run_tokens, last_path, world, rank, *,
-                reason: str = "", validating: float = 0.0) -> dict:  # fmt: skip
-    """What `train` returns, and the line the first process prints at the end. `seconds`: of
-    training; `validating`: the seconds validations took besides; `reason`: why the run
-    stopped before max_steps (early stopping), if it did."""
-    kept = checkpoint_paths(out)
-    last_path = last_path or (kept[-1] if kept else None)  # a run resumed past its end wrote none
-    summary = {
-        "steps": step,
-        "seconds": seconds,
-        "last_checkpoint": str(last_path) if last_path else None,
-        "loss": loss,
-        "world_size": world,
-        "target_tokens_per_s": run_tokens / seconds if seconds > 0 else 0.0,
-        "validation_seconds": validating,
-    }
-    if rank == 0:
-        limit = f" (time limit: {cfg.max_minutes:g} min)" if step < cfg.max_steps else ""
-        limit = f" ({reason})" if reason else limit
-        if step > cfg.max_steps:
-            limit = " (it had passed max_steps before: nothing was trained)"
-        print(
-            f"done: step {step}/{cfg.max_steps}{limit} in {seconds:.1f} s"
-            + (f" and {validating:.1f} s validating" if validating else "")
-            + " "
-            f"({summary['target_tokens_per_s']:,.0f} target tokens/s). "
-            f"Checkpoints: {out / 'checkpoints'} "
-            f"(last: {last_path.name if last_path else 'none'}); "
-            f"metrics: {out / 'metrics.jsonl'}"
-        )
-    return summary

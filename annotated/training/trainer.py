@@ -25,12 +25,7 @@ from ..precision import Precision, bf16_speedup, choose_precision
 from ..provenance import git_commit
 from ..schedule import make_optimizer
 from ..training_step import loss_on_batch, train_step
-from .config import (
-    TrainConfig,
-    checkpoint_due,
-    micro_batches_per_process,
-    out_of_time,
-)
+from .config import TrainConfig, micro_batches_per_process
 from .distributed import (
     StopRequests,
     all_sum,
@@ -38,6 +33,7 @@ from .distributed import (
     setup_distributed,
 )
 from .prefetch import Prefetcher
+from .progress import Progress, checkpoint_due, out_of_time, run_summary
 from .registry import TASKS, Task
 from .reporting import check_reporters, open_reports
 from .resuming import (
@@ -47,14 +43,7 @@ from .resuming import (
     restore_rng_state,
     resumed_micro_batches,
 )
-from .run_folder import (
-    Progress,
-    check_run_folder,
-    own_run_folder,
-    record_run,
-    run_identity,
-    run_summary,
-)
+from .run_folder import check_run_folder, own_run_folder, record_run, run_identity
 from .validation import Validator, checkpoint_run, stopping_early
 
 
