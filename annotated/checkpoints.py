@@ -3,8 +3,8 @@
 # %% auto #0
 __all__ = [
     "average_state_dicts",
-    "fits",
     "recorded_model",
+    "model_settings",
     "CHECKPOINT_NAME",
     "CHECKPOINT_KEYS",
     "RUN_IDENTITY",
@@ -76,22 +76,20 @@ def average_state_dicts(states: Iterable[dict], names=None) -> dict[str, torch.T
 # %% ../notebooks/18_tasks_and_registry.ipynb #c009u3r
 from dataclasses import fields
 
-from .errors import ConfigError
+from .errors import ConfigError, fits
 from .model import ModelConfig
-
-
-def fits(value, default) -> bool:
-    """May `value` stand where `default` stands? The same type, except that a float setting
-    takes a whole number too; a bool is never taken for a number, nor a number for a bool."""
-    if isinstance(default, bool) or isinstance(value, bool):
-        return type(value) is type(default)
-    return isinstance(value, (int, float) if isinstance(default, float) else type(default))
 
 
 def recorded_model(saved: dict) -> ModelConfig:
     """The model that a checkpoint or run.json recorded, this version's defaults filling what
-    it leaves out. A model setting this version does not have is refused, since it would build
-    another model than the one trained, and so is a setting of the wrong kind."""
+    it leaves out."""
+    return ModelConfig(**model_settings(saved))
+
+
+def model_settings(saved: dict) -> dict:
+    """The model settings of a record, checked but not built. A setting this version does not
+    have is refused, since it would build another model than the one trained, and so is a
+    setting of the wrong kind."""
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
         raise ConfigError(
             f"the recorded configuration is not a mapping of settings with a model "
@@ -105,14 +103,14 @@ def recorded_model(saved: dict) -> ModelConfig:
             f"({', '.join(newer)}): it was written by a newer version. Install that version "
             f"(pip install -U annotated-transformer-book) to use it."
         )
-    defaults = ModelConfig()
-    wrong = [f"{k}={v!r}" for k, v in saved["model"].items() if not fits(v, getattr(defaults, k))]
+    defaults = {f.name: f.default for f in fields(ModelConfig)}
+    wrong = [f"{k}={v!r}" for k, v in saved["model"].items() if not fits(v, defaults[k])]
     if wrong:
         raise ConfigError(
             f"the record's model has settings of the wrong kind ({', '.join(wrong)}): the file "
             f"was damaged, or not written by this code. Name another checkpoint or run."
         )
-    return ModelConfig(**saved["model"])
+    return saved["model"]
 
 
 # %% ../notebooks/19_checkpoints.ipynb #c002c

@@ -12,6 +12,7 @@ __all__ = [
     "Preempted",
     "optional_package",
     "out_of_memory",
+    "fits",
 ]
 
 
@@ -81,3 +82,11 @@ def optional_package(name: str, extra: str, leave_out: str = ""):
 def out_of_memory(e: BaseException) -> bool:
     """A GPU's or the CPU allocator's refusal, as PyTorch reports it."""
     return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e)
+
+
+def fits(value, default) -> bool:
+    """May `value` stand where `default` stands? The same type, except that a float setting
+    takes a whole number too; a bool is never taken for a number, nor a number for a bool."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return type(value) is type(default)
+    return isinstance(value, (int, float) if isinstance(default, float) else type(default))

@@ -292,3 +292,22 @@ def test_the_memory_message_works_where_the_system_does_not_say_how_much_there_i
     assert 0 < epilogue._memory_bytes() < float("inf")
     monkeypatch.delattr(os, "sysconf")  # Windows
     assert epilogue._memory_bytes() == float("inf")
+
+
+def test_a_command_takes_ctrl_c_back_once_it_is_ready():
+    """`cli.starting` holds Ctrl-C while a command imports PyTorch; `ready` gives it back to
+    Python (KeyboardInterrupt) and leaves any other handler, one of the caller's, alone."""
+    import signal
+
+    from annotated.cli import starting
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, starting._interrupted)  # as `python -m` starts a command
+        starting.ready()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # someone else's choice
+        starting.ready()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -283,3 +283,24 @@ def test_the_speed_benchmark_refuses_a_gpu_it_has_not_and_onnx_on_one(tiny_run, 
     with pytest.raises(SystemExit) as stop:
         speed.main(["--run", str(tiny_run), "--device", "cuda"])
     assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_model_card_says_what_the_model_is_and_only_what_was_recorded():
+    """The exported folder's README: the model's sizes read from the model itself, and the
+    provenance lines only for what the run recorded (none: it says so)."""
+    from annotated.deploy.model_card import model_card
+    from annotated.model import make_model
+    from annotated.training.registry import build_config
+
+    cfg = build_config("copy")
+    model = make_model(13, 13, N=2, d_model=32, d_ff=64, h=4)
+    bare = model_card(model, cfg, {})
+    assert "Task `copy`: N=2 layers, d_model=32, d_ff=64, h=4, 13 SentencePiece" in bare
+    assert "one embedding matrix shared three ways" in bare and "Not recorded" in bare
+    run = {"command": "python -m annotated.cli.train --config copy", "commit": "abc123",
+           "device": "cpu", "world_size": 2}  # fmt: skip
+    tests = {"test2016": {"sentences": 1000, "sacrebleu": 12.345, "sacrebleu_signature": "s"}}
+    card = model_card(model, cfg, {"run": run, "results": {"evaluation": {"tests": tests}}})
+    assert "- Code: `abc123`" in card and "- Trained on: `2 x cpu`" in card
+    assert "| test2016 | 1000 | 12.35 | `s` |" in card and "Not recorded" not in card
+    assert "PyTorch" not in card  # not recorded, so not said

@@ -428,3 +428,17 @@ def test_prepare_notices_tokenized_text_and_undoes_it_when_asked(corpus, tmp_pat
                   "--out", str(tmp_path / "unnamed"), "--vocab", "300"])  # fmt: skip
     assert "no --langs was given" in capsys.readouterr().err
     assert load_prepared(tmp_path / "unnamed").pair == "src-tgt"
+
+
+def test_the_parallel_task_without_a_folder_says_how_to_name_one(tmp_path, monkeypatch):
+    """`data.path` is kept absolute, so a run finds its data from any folder; a configuration
+    without one is refused with the command that prepares a folder and the setting that names it."""
+    from annotated.training.registry import build_config
+    from annotated.training.tasks.parallel import TASK, ParallelData
+
+    monkeypatch.chdir(tmp_path)
+    assert ParallelData(path="corpus").path == str(tmp_path / "corpus")
+    cfg = build_config("parallel")
+    for use in (TASK.tokenizer_for, TASK.test_sets, lambda c: TASK(c)):
+        with pytest.raises(DataError, match="cli.prepare --src FILE --tgt FILE.*data.path=FOLDER"):
+            use(cfg)

@@ -229,3 +229,72 @@ def test_a_checkpoint_of_a_task_of_your_own_never_imports_it_unasked(tmp_path, m
     missing = subprocess.run([*translate, "--import", "tiny_tasks.nosuch"], input="3 4\n",
                              capture_output=True, text=True, env=env)  # fmt: skip
     assert missing.returncode == 2 and "--import tiny_tasks.nosuch" in missing.stderr
+
+
+def test_set_a_file_and_a_record_refuse_a_bad_value_in_the_same_words(tmp_path):
+    """One way in: `--set`, a configuration file and a run's record go through set_settings,
+    so one bad value gets one message, prefixed by where it came from."""
+    record = asdict(build_config("copy"))
+    record["optim"]["warmup"] = "soon"
+    (tmp_path / "mine.json").write_text(json.dumps(record))
+    said = []
+    for make in (
+        lambda: build_config("copy", ["optim.warmup=soon"]),
+        lambda: build_config(str(tmp_path / "mine.json")),
+        lambda: config_from_record(record),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            make()
+        said.append(str(caught.value))
+    wheres = ["--set ", str(tmp_path), "the recorded configuration: "]
+    assert all(s.startswith(where) for s, where in zip(said, wheres)), said
+    words = "optim.warmup=soon: optim.warmup expects a value of type int"
+    assert all(words in s for s in said), said
+    record["optim"]["warmup"], record["max_steps"] = 10, 2.5  # text is read; 2.5 steps is not
+    with pytest.raises(ConfigError, match="max_steps=2.5: max_steps expects a value of type int"):
+        config_from_record(record)
+
+
+def test_a_configuration_builds_its_model_once(monkeypatch, tmp_path):
+    """The defaults are read from the fields, so a named configuration, a file and a record
+    each build (and check) their ModelConfig once."""
+    from annotated.model import ModelConfig
+
+    built_models = []
+    check = ModelConfig.__post_init__
+    monkeypatch.setattr(ModelConfig, "__post_init__", lambda m: (built_models.append(m), check(m)))
+    cfg = build_config("multi30k-cpu", ["model.N=3", "model=big", "model.norm_first=true"])
+    assert len(built_models) == 1 and cfg.model.d_model == 1024 and cfg.model.norm_first
+    record = json.loads(json.dumps(asdict(cfg)))
+    (tmp_path / "mine.json").write_text(json.dumps(record))
+    for read in (
+        lambda: build_config(str(tmp_path / "mine.json")),
+        lambda: config_from_record(record),
+    ):
+        built_models.clear()
+        assert read() == cfg and len(built_models) == 1
+
+
+def test_every_setting_refuses_a_value_of_the_wrong_kind_from_every_source(tmp_path):
+    """Each setting of a configuration, given a value of the wrong kind on the command line, in
+    a file and in a run's record, is refused by a ConfigError that names it: no source has a
+    setting that slips through unchecked."""
+    from annotated.training.config import settings_of
+
+    cfg = build_config("copy")
+    wrong = {bool: (2, "maybe"), int: (1.5, "1.5"), float: (True, "fast"), str: (3, None)}
+    for key, value in settings_of(cfg).items():
+        if key == "task":
+            continue
+        typed, text = wrong[type(value)]
+        part, _, leaf = key.rpartition(".")
+        nested = {part: {leaf: typed}} if part else {leaf: typed}
+        record = asdict(cfg)
+        (record[part] if part else record)[leaf] = typed
+        (tmp_path / "mine.json").write_text(json.dumps({"task": "copy", **nested}))
+        sources = [(build_config, str(tmp_path / "mine.json")), (config_from_record, record)]
+        if text is not None:  # any text is a string setting's value
+            sources.append((build_config, "copy", [f"{key}={text}"]))
+        for source, *arguments in sources:
+            with pytest.raises(ConfigError, match=leaf):
+                source(*arguments)

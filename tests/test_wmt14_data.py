@@ -348,3 +348,16 @@ def test_the_sample_files_match_their_registry_and_the_scale_switch(monkeypatch)
         default_scale()
     with pytest.raises(DataError, match="English-German only"):
         prepare_wmt14("en-fr", "sample")
+
+
+def test_the_samples_moses_tokenization_is_undone_by_language():
+    """The offline sample is Moses-tokenized: `detokenized` undoes its escapes, its @-@ joiners
+    and its spaces before punctuation, so that its text reads as the official files do."""
+    from annotated.data.archives import detokenized
+
+    en = ["It &apos;s a well @-@ known fact , isn &apos;t it ?",
+          "He paid 3 @,@ 000 euros for &quot; the house &quot; ."]  # fmt: skip
+    assert detokenized(en, "en") == ["It's a well-known fact, isn't it?",
+                                     'He paid 3,000 euros for "the house".']  # fmt: skip
+    assert detokenized(["Ein &quot; Haus &quot; , nicht ?"], "de") == ['Ein "Haus", nicht?']
+    assert detokenized(["A plain line."], "en") == ["A plain line."]  # nothing to undo

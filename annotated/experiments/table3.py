@@ -4,10 +4,10 @@
 __all__ = [
     "VARIATIONS",
     "GRIDS",
-    "ROWS",
     "SHORT",
     "LONG",
     "WARMUP",
+    "ROWS",
     "warmup_row",
     "dev_scores",
     "run_variation",
@@ -41,7 +41,6 @@ VARIATIONS: dict[str, list[str]] = {
     "(E) learned positions": ["model.learned_positions=true"],
 }
 GRIDS = {"full": list(VARIATIONS), "ci": ["base", "(A) h=1", "(D) smoothing=0"]}
-ROWS = dict(VARIATIONS)  # every row run_variation knows by name: these, and the warm-up grid's
 
 
 # %% ../../notebooks/15_ablations.ipynb #w001
@@ -66,8 +65,8 @@ WARMUP = {  # both arrangements with the short warm-up, and post-norm with the l
     for N in (2, 4, 6, 8)
     for times in (1, 2, 4)
 }
-ROWS.update(WARMUP)
-GRIDS["warmup"] = list(WARMUP)
+ROWS = VARIATIONS | WARMUP  # every row run_variation knows by name
+GRIDS = {**GRIDS, "warmup": list(WARMUP)}
 
 # %% ../../notebooks/A3_command_lines.ipynb #a3-t3-head
 # Training the rows (appendix A3): each by the trainer of chapters 17 to 22, in its own folder,

@@ -15,9 +15,11 @@ __all__ = [
     "TrainConfig",
     "task_data",
     "settings_of",
+    "defaults",
     "built",
     "put_setting",
     "parse_overrides",
+    "set_settings",
     "apply_overrides",
     "micro_batches_per_process",
 ]
@@ -30,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..errors import ConfigError, refuse_broken
+from ..errors import ConfigError, fits, refuse_broken
 from ..loss import SMOOTHING
 from ..model import TRANSFORMER_BASE, TRANSFORMER_BIG, ModelConfig
 from ..precision import PRECISIONS
@@ -85,7 +87,7 @@ class OptimConfig(Checked):
         betas = 0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1 and self.adam_eps > 0
         return [
             (
-                math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0,
+                0 <= self.max_grad_norm < math.inf,
                 "optim.max_grad_norm",
                 "must be 0 (no clipping) or a positive norm; a negative one would climb the loss",
             ),
@@ -94,11 +96,7 @@ class OptimConfig(Checked):
                 "optim.adam_beta1, optim.adam_beta2, optim.adam_eps",
                 "the betas must lie in [0, 1) and adam_eps must be positive",
             ),
-            (
-                math.isfinite(self.lr_factor) and self.lr_factor > 0,
-                "optim.lr_factor",
-                "must be a positive number",
-            ),
+            (0 < self.lr_factor < math.inf, "optim.lr_factor", "must be a positive number"),
             (self.warmup >= 1, "optim.warmup", "must be at least 1 (the schedule divides by it)"),
         ]
 
@@ -220,6 +218,18 @@ def settings_of(part) -> dict[str, Any]:
     return out
 
 
+def defaults(data: type[TaskData]) -> dict[str, Any]:
+    """Every setting's default by its --set key, read from the fields: nothing is built."""
+    kinds: dict[str, Any] = {"data": data, **PARTS}
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in kinds:
+            out |= {f"{f.name}.{g.name}": g.default for g in dataclasses.fields(kinds[f.name])}
+        else:
+            out[f.name] = f.default
+    return out
+
+
 def built(settings: dict[str, Any], data: type[TaskData]) -> TrainConfig:
     """The TrainConfig of a complete set of settings, built once: each part checks its own."""
     parts: dict[str, dict[str, Any]] = {"data": {}, **{name: {} for name in PARTS}}
@@ -243,62 +253,71 @@ def put_setting(settings: dict[str, Any], key: str, value) -> None:
         settings[key] = value
 
 
-def _convert(text: str, current, key: str):
-    kind = type(current)
-    try:
-        if kind is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        return kind(text) if kind is not float else float(text)
-    except ValueError:
+def _value(where: str, key: str, value, current):
+    """`value` for a setting now `current`: text, as --set writes it, is read as that type;
+    any other value must be of it (a whole number does for a float)."""
+    kind, given = type(current), value
+    if isinstance(value, str) and kind is not str:
+        words = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False,
+                 "no": False, "off": False}  # fmt: skip
+        try:
+            value = words[value.lower()] if kind is bool else kind(value)
+        except (KeyError, ValueError):
+            value = None
+    if not fits(value, current):
         raise ConfigError(
-            f"--set {key}={text}: {key} expects a value of type {kind.__name__} "
+            f"{where} {key}={given}: {key} expects a value of type {kind.__name__} "
             f"(current value {current!r})"
-        ) from None
+        )
+    return float(value) if kind is float else value
 
 
 # %% ../../notebooks/17_trainer_configuration.ipynb #c006b
-def parse_overrides(settings: dict[str, Any], overrides) -> list[tuple[str, Any]]:
-    """`key=value` overrides as (key, value) pairs, in order, each checked against the keys
-    and types of `settings`."""
-    groups = {key.split(".")[0] for key in settings if "." in key}
-    out = []
+def parse_overrides(overrides) -> list[tuple[str, str]]:
+    """`key=value` texts as (key, text) pairs, in order, for `set_settings`."""
+    pairs = []
     for item in overrides:
         key, sep, text = (s.strip() for s in item.partition("="))
         if not sep:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set max_steps=100")
-        if key == "model" and text in MODELS:  # a named model: the paper's sizes
-            out.append((key, text))
-        elif key in groups:  # a part such as `optim`: one of its keys
+        pairs.append((key, text))
+    return pairs
+
+
+def set_settings(settings: dict[str, Any], pairs, where: str = "--set") -> dict[str, Any]:
+    """`settings` with (key, value) `pairs` put in, in order, each checked against the keys and
+    types of `settings`: the one way in for --set, configuration files and recorded runs."""
+    groups = {key.split(".")[0] for key in settings if "." in key}
+    for key, value in pairs:
+        if key == "model" and isinstance(value, str) and value in MODELS:  # the paper's sizes
+            pass
+        elif key in groups:  # a part such as `optim`: one of its keys (or {}: its defaults)
+            if value == {}:
+                continue
             keys = ", ".join(k for k in settings if k.startswith(f"{key}."))
             named = f", or name a model: {', '.join(MODELS)}" if key == "model" else ""
-            why = f"{key} is a group of settings; set one of {keys}{named}"
-            raise ConfigError(f"--set {key}: {why}")
-        elif key == "task":
+            raise ConfigError(f"{where} {key}: {key} is a group of settings; set one of "
+                              f"{keys}{named}")  # fmt: skip
+        elif key == "task" and value != settings["task"]:
             raise ConfigError(
-                "--set task: a configuration's task is fixed; start from a configuration of the "
-                "task you want with --config (python -m annotated.cli.train --help lists them)."
+                f"{where} task: a configuration's task is fixed; start from one of the task you "
+                f"want with --config (python -m annotated.cli.train --help lists them)."
             )
         elif key not in settings:
             near = [k for k in settings if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
             hint = f"did you mean {' or '.join(near)}? " if near else ""
             raise ConfigError(
-                f"--set {key}: unknown key; {hint}valid keys are: {', '.join(settings)}"
+                f"{where} {key}: unknown key; {hint}valid keys are: {', '.join(settings)}"
             )
         else:
-            out.append((key, _convert(text, settings[key], key)))
-    return out
+            value = _value(where, key, value, settings[key])
+        put_setting(settings, key, value)
+    return settings
 
 
 def apply_overrides(cfg: TrainConfig, overrides=()) -> TrainConfig:
     """`cfg` with `key=value` overrides applied in order (nested keys use dots), built anew."""
-    settings = settings_of(cfg)
-    for key, value in parse_overrides(settings, overrides):
-        put_setting(settings, key, value)
-    return built(settings, type(cfg.data))
+    return built(set_settings(settings_of(cfg), parse_overrides(overrides)), type(cfg.data))
 
 
 def micro_batches_per_process(cfg: TrainConfig, world: int) -> int:

@@ -13,45 +13,24 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints import fits
 from ..errors import ConfigError
-from .config import TrainConfig, built, parse_overrides, put_setting, settings_of
-
-_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+from .config import TrainConfig, built, defaults, parse_overrides, set_settings
 
 
 def config_from_file(path, overrides, data_of: Callable[[str], type]) -> TrainConfig:
     """The configuration that a JSON or YAML file holds, nested as `--print-config` prints it
     (or a run's run.json), with `key=value` overrides applied; `data_of(task)` is the task's
-    data class (`build_config` passes the registry's). Every key must be a setting of the right
-    type, so that a misspelt key is an error rather than a default kept silently."""
+    data class (`build_config` passes the registry's). Every key must be a setting and every
+    value of its type, checked by `set_settings` as --set's are, so that a misspelt key is an
+    error rather than a default kept silently."""
     path = Path(path)
     raw = _read_config(path)
     task = raw.get("task")
     if not isinstance(task, str) or not task:
         raise ConfigError(f"{path}: no task; a configuration file names it (task: copy, ...).")
     data = data_of(task)
-    settings = settings_of(TrainConfig(task=task, data=data()))
-    groups = {key.rsplit(".", 1)[0] for key in settings if "." in key}
-    for key, value in _flattened(raw).items():
-        default = settings.get(key)
-        if value == {} and key in groups:  # an empty part: its defaults
-            continue
-        if key not in settings:
-            raise ConfigError(f"{path}: {key} is not a setting; the settings are: "
-                              f"{', '.join(settings)}.")  # fmt: skip
-        if isinstance(default, float) and isinstance(value, str) and _NUMBER.fullmatch(value):
-            value = float(value)  # YAML 1.1, PyYAML's, reads 1e-3 (no dot) as text
-        if not fits(value, default):
-            kind = type(default).__name__
-            raise ConfigError(
-                f"{path}: {key} is {value!r}, but it takes a{'n' * (kind[0] in 'aeiou')} {kind} "
-                f"(such as its default, {default!r}). Correct it in the file."
-            )
-        settings[key] = float(value) if isinstance(default, float) else value
-    for key, value in parse_overrides(settings, overrides):
-        put_setting(settings, key, value)
-    return built(settings, data)
+    settings = set_settings(defaults(data) | {"task": task}, _flattened(raw).items(), f"{path}:")
+    return built(set_settings(settings, parse_overrides(overrides)), data)
 
 
 def config_text(cfg: TrainConfig, yaml_format: bool = False) -> str:

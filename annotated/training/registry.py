@@ -23,16 +23,17 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Protocol
 
 from ..batching import Batch
-from ..checkpoints import recorded_model
+from ..checkpoints import model_settings
 from ..errors import ConfigError
 from .config import (
     PARTS,
     TaskData,
     TrainConfig,
     built,
+    defaults,
     parse_overrides,
     put_setting,
-    settings_of,
+    set_settings,
 )
 from .config_files import config_from_file
 
@@ -178,7 +179,7 @@ def task_of(name: str) -> str:
 def table_settings(name: str) -> dict[str, Any]:
     """Every setting of a named configuration by its --set key, read from the table without
     importing its task: the defaults, then its bases' settings, then its own."""
-    values = settings_of(TrainConfig())
+    values = defaults(TaskData)
     for key, value in _settings(name):
         put_setting(values, key, value)
     return values
@@ -192,31 +193,34 @@ def build_config(name: str, overrides=()) -> TrainConfig:
         return config_from_file(name, overrides, lambda task: TASKS[task].Data)
     task = task_of(name)
     data = TASKS[task].Data
-    settings = settings_of(TrainConfig(task=task, data=data())) | table_settings(name)
-    for key, value in parse_overrides(settings, overrides):
-        put_setting(settings, key, value)
-    return built(settings, data)
+    row = [(key, value) for key, value in _settings(name) if key != "task"]
+    settings = set_settings(defaults(data) | {"task": task}, row, f"configuration {name!r}:")
+    return built(set_settings(settings, parse_overrides(overrides)), data)
 
 
 # %% ../../notebooks/18_tasks_and_registry.ipynb #c009u3
-def config_from_record(saved: dict) -> TrainConfig:
-    """The TrainConfig that a checkpoint or run.json recorded: its model as `recorded_model`
-    reads it, other unknown keys dropped.
-    Older layouts are read too: the batch and the loss inside `optim`, or every key at the top."""
-    recorded_model(saved)  # a record with a model this version can build, or refused
-    task = saved.get("task", "copy")
-    kind = TASKS.recorded(task).Data
+def _flat_record(saved: dict) -> dict[str, Any]:
+    """A record's settings by their --set keys, whichever layout wrote it: the batch and the
+    loss inside `optim`, or (the oldest) every key at the top, the data scale called "data"."""
     if "optim" in saved:
         optim, data = saved["optim"], saved.get("data", {})
-    else:  # the oldest layout, every key at the top: the data scale was called "data"
+    else:
         optim, data = saved, {**saved, "scale": saved.get("data", "")}
     parts = {"data": data, "model": saved["model"]}
     parts |= {name: {**optim, **saved.get(name, {})} for name in PARTS if name != "model"}
-    settings = settings_of(TrainConfig(task=task, data=kind()))
-    recorded = {f"{p}.{k}": v for p, values in parts.items() for k, v in values.items()}
-    recorded |= {k: v for k, v in saved.items() if not isinstance(v, dict)}
-    settings |= {k: v for k, v in recorded.items() if k in settings}
-    return built(settings, kind)
+    flat = {f"{p}.{k}": v for p, values in parts.items() for k, v in values.items()}
+    return flat | {k: v for k, v in saved.items() if not isinstance(v, dict)}
+
+
+def config_from_record(saved: dict) -> TrainConfig:
+    """The TrainConfig that a checkpoint or run.json recorded, in any of its layouts: its model
+    as `model_settings` reads it, every setting checked as --set's are, unknown keys dropped."""
+    model_settings(saved)  # a record with a model this version can build, or refused
+    task = saved.get("task", "copy")
+    kind = TASKS.recorded(task).Data
+    settings = defaults(kind) | {"task": task}
+    known = [(k, v) for k, v in _flat_record(saved).items() if k in settings]
+    return built(set_settings(settings, known, "the recorded configuration:"), kind)
 
 
 def registry_table(prefix: str = "") -> list[dict]:
