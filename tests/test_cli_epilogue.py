@@ -311,3 +311,28 @@ def test_a_command_takes_ctrl_c_back_once_it_is_ready():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_the_cpu_processes_of_one_run_share_the_cores(monkeypatch):
+    """torchrun's CPU processes on one machine each take at most their share of its cores,
+    whatever OMP_NUM_THREADS they inherit: threads beyond the cores wait on each other, and a
+    two-process run on two cores took four times as long with two threads each. --threads wins."""
+    import argparse
+    import os
+
+    from annotated.cli.epilogue import use_threads
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(8)
+        assert use_threads(argparse.ArgumentParser(), None) == 2
+        assert use_threads(argparse.ArgumentParser(), 3) == 3
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one process: the inherited choice
+        torch.set_num_threads(5)
+        assert use_threads(argparse.ArgumentParser(), None) == 5
+    finally:
+        torch.set_num_threads(before)

@@ -111,10 +111,14 @@ def import_modules(ap: argparse.ArgumentParser, names: list[str]) -> None:
 def use_threads(ap: argparse.ArgumentParser, threads: int | None) -> int:
     """Set PyTorch's CPU threads from --threads, or to what the machine offers now: threads
     beyond the free cores wait on each other, and a busy machine runs slower with more of
-    them. The results' provenance records the number (`describe_device`)."""
+    them; CPU processes of one run share the cores, each taking at most its share. The
+    results' provenance records the number (`describe_device`)."""
     if threads is not None and threads < 1:
         ap.error(f"--threads {threads}: give at least 1, or leave it out")
-    if threads is None and os.environ.get("OMP_NUM_THREADS"):
+    share = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # CPU processes torchrun started here
+    if threads is None and share > 1 and not torch.cuda.is_available():
+        threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // share))
+    elif threads is None and os.environ.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()  # the user's or the launcher's choice
     try:
         busy = int(os.getloadavg()[0])  # the processes running or waiting, averaged over a minute
