@@ -179,6 +179,9 @@ def load_checkpoint(path: Path, keys: tuple[str, ...] = CHECKPOINT_KEYS) -> dict
     """The checkpoint at `path`, holding `keys`: the trainer's CHECKPOINT_KEYS, or none for a
     reader that also takes a plain state_dict (averaging). Any other file is a TrainingError."""
     path = Path(path)
+    if path.exists() and not (path.is_file() or path.is_dir()):  # a pipe would wait forever
+        fix = "name a checkpoint file that python -m annotated.cli.train wrote"
+        raise TrainingError(f"checkpoint {path} is not a file but a pipe or a device; {fix}.")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a checkpoint, or from an incompatible version

@@ -129,3 +129,20 @@ def test_averaging_still_reads_plain_state_dicts(tmp_path):
     torch.save({"model": {"w": torch.zeros(2)}, "step": 3}, tmp_path / "wrapped.pt")
     avg = average_checkpoints([tmp_path / "plain.pt", tmp_path / "wrapped.pt"])
     torch.testing.assert_close(avg["w"], torch.full((2,), 0.5))
+
+
+def test_a_pipe_or_a_device_named_as_a_checkpoint_is_refused_at_once(tmp_path):
+    """A checkpoint is a file: a FIFO would make torch.load wait for a writer forever, so every
+    reader (translate here) refuses a pipe or a device before reading it, exit 2, in seconds."""
+    import os
+    import subprocess
+
+    fifo = tmp_path / "ckpt.pt"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        with pytest.raises(TrainingError, match="is not a file but a pipe or a device"):
+            load_checkpoint(path)
+    command = [sys.executable, "-m", "annotated.cli.translate", "--checkpoint", str(fifo)]
+    done = subprocess.run(command, input="3 4\n", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "pipe or a device" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
