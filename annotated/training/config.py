@@ -3,7 +3,6 @@
 # %% auto #0
 __all__ = [
     "BEST_METRICS",
-    "D",
     "BUCKET_FILL",
     "MODELS",
     "PARTS",
@@ -20,6 +19,7 @@ __all__ = [
     "put_setting",
     "parse_overrides",
     "set_settings",
+    "configure",
     "apply_overrides",
     "micro_batches_per_process",
 ]
@@ -78,24 +78,19 @@ class OptimConfig(Checked):
 
     lr_factor: float = 1.0
     warmup: int = WARMUP
-    adam_beta1: float = BETAS[0]
-    adam_beta2: float = BETAS[1]
+    adam_beta2: float = BETAS[1]  # beta_1 stays the paper's 0.9 (schedule.BETAS)
     adam_eps: float = EPS
     max_grad_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
 
     def rules(self) -> list[tuple[bool, str, str]]:
-        betas = 0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1 and self.adam_eps > 0
         return [
             (
                 0 <= self.max_grad_norm < math.inf,
                 "optim.max_grad_norm",
                 "must be 0 (no clipping) or a positive norm; a negative one would climb the loss",
             ),
-            (
-                betas,
-                "optim.adam_beta1, optim.adam_beta2, optim.adam_eps",
-                "the betas must lie in [0, 1) and adam_eps must be positive",
-            ),
+            (0 <= self.adam_beta2 < 1, "optim.adam_beta2", "must lie in [0, 1)"),
+            (self.adam_eps > 0, "optim.adam_eps", "must be positive"),
             (0 < self.lr_factor < math.inf, "optim.lr_factor", "must be a positive number"),
             (self.warmup >= 1, "optim.warmup", "must be at least 1 (the schedule divides by it)"),
         ]
@@ -186,10 +181,10 @@ class TrainConfig(Checked):
         ]
 
 
-D = TypeVar("D", bound=TaskData)
+_D = TypeVar("_D", bound=TaskData)
 
 
-def task_data(cfg: TrainConfig, kind: type[D]) -> D:
+def task_data(cfg: TrainConfig, kind: type[_D]) -> _D:
     """`cfg.data` as the task's own data settings, or a ConfigError that names both types."""
     if not isinstance(cfg.data, kind):
         raise ConfigError(
@@ -232,16 +227,12 @@ def defaults(data: type[TaskData]) -> dict[str, Any]:
 
 def built(settings: dict[str, Any], data: type[TaskData]) -> TrainConfig:
     """The TrainConfig of a complete set of settings, built once: each part checks its own."""
-    parts: dict[str, dict[str, Any]] = {"data": {}, **{name: {} for name in PARTS}}
-    run = {}
-    for key, value in settings.items():
-        part, dot, leaf = key.partition(".")
-        if dot:
-            parts[part][leaf] = value
-        else:
-            run[key] = value
-    kinds = {"data": data, **PARTS}
-    return TrainConfig(**run, **{name: kinds[name](**values) for name, values in parts.items()})
+    split = [(*key.partition("."), value) for key, value in settings.items()]  # (part, ".", leaf)
+    parts = {
+        name: kind(**{leaf: v for part, dot, leaf, v in split if dot and part == name})
+        for name, kind in {"data": data, **PARTS}.items()
+    }
+    return TrainConfig(**{part: v for part, dot, _, v in split if not dot}, **parts)
 
 
 def put_setting(settings: dict[str, Any], key: str, value) -> None:
@@ -315,9 +306,16 @@ def set_settings(settings: dict[str, Any], pairs, where: str = "--set") -> dict[
     return settings
 
 
+def configure(task: str, data: type[TaskData], pairs, where: str, overrides=()) -> TrainConfig:
+    """The one way from settings to a TrainConfig: `task`'s defaults, then (key, value) `pairs`
+    (a table's row, a file, a record), then `key=value` overrides, each checked as it is put."""
+    settings = set_settings(defaults(data) | {"task": task}, pairs, where)
+    return built(set_settings(settings, parse_overrides(overrides)), data)
+
+
 def apply_overrides(cfg: TrainConfig, overrides=()) -> TrainConfig:
     """`cfg` with `key=value` overrides applied in order (nested keys use dots), built anew."""
-    return built(set_settings(settings_of(cfg), parse_overrides(overrides)), type(cfg.data))
+    return configure(cfg.task, type(cfg.data), settings_of(cfg).items(), "--set", overrides)
 
 
 def micro_batches_per_process(cfg: TrainConfig, world: int) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .config import TrainConfig, built, defaults, parse_overrides, set_settings
+from .config import TrainConfig, configure
 
 
 def config_from_file(path, overrides, data_of: Callable[[str], type]) -> TrainConfig:
@@ -29,8 +29,7 @@ def config_from_file(path, overrides, data_of: Callable[[str], type]) -> TrainCo
     if not isinstance(task, str) or not task:
         raise ConfigError(f"{path}: no task; a configuration file names it (task: copy, ...).")
     data = data_of(task)
-    settings = set_settings(defaults(data) | {"task": task}, _flattened(raw).items(), f"{path}:")
-    return built(set_settings(settings, parse_overrides(overrides)), data)
+    return configure(task, data, _flattened(raw).items(), f"{path}:", overrides)
 
 
 def config_text(cfg: TrainConfig, yaml_format: bool = False) -> str:

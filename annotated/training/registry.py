@@ -25,16 +25,7 @@ from typing import Any, ClassVar, Protocol
 from ..batching import Batch
 from ..checkpoints import model_settings
 from ..errors import ConfigError
-from .config import (
-    PARTS,
-    TaskData,
-    TrainConfig,
-    built,
-    defaults,
-    parse_overrides,
-    put_setting,
-    set_settings,
-)
+from .config import PARTS, TaskData, TrainConfig, configure, defaults, put_setting
 from .config_files import config_from_file
 
 
@@ -194,8 +185,7 @@ def build_config(name: str, overrides=()) -> TrainConfig:
     task = task_of(name)
     data = TASKS[task].Data
     row = [(key, value) for key, value in _settings(name) if key != "task"]
-    settings = set_settings(defaults(data) | {"task": task}, row, f"configuration {name!r}:")
-    return built(set_settings(settings, parse_overrides(overrides)), data)
+    return configure(task, data, row, f"configuration {name!r}:", overrides)
 
 
 # %% ../../notebooks/18_tasks_and_registry.ipynb #c009u3
@@ -218,9 +208,8 @@ def config_from_record(saved: dict) -> TrainConfig:
     model_settings(saved)  # a record with a model this version can build, or refused
     task = saved.get("task", "copy")
     kind = TASKS.recorded(task).Data
-    settings = defaults(kind) | {"task": task}
-    known = [(k, v) for k, v in _flat_record(saved).items() if k in settings]
-    return built(set_settings(settings, known, "the recorded configuration:"), kind)
+    known = [(k, v) for k, v in _flat_record(saved).items() if k in defaults(kind)]
+    return configure(task, kind, known, "the recorded configuration:")
 
 
 def registry_table(prefix: str = "") -> list[dict]:

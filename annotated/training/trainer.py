@@ -23,7 +23,7 @@ from ..loss import FusedLabelSmoothing, LabelSmoothing
 from ..model import make_model
 from ..precision import Precision, bf16_speedup, choose_precision
 from ..provenance import git_commit
-from ..schedule import make_optimizer
+from ..schedule import BETAS, make_optimizer
 from ..training_step import loss_on_batch, train_step
 from .config import TrainConfig, micro_batches_per_process
 from .distributed import (
@@ -102,7 +102,7 @@ def build_run(cfg: TrainConfig, world: int, device: torch.device, per_step: int 
         d_model=cfg.model.d_model,
         factor=cfg.optim.lr_factor,
         warmup=cfg.optim.warmup,
-        betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
+        betas=(BETAS[0], cfg.optim.adam_beta2),
         eps=cfg.optim.adam_eps,
         fused=True if cfg.fused_adam else None,
     )
