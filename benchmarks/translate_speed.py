@@ -41,7 +41,7 @@ from annotated.evaluation.translation import load_model, translate
 from annotated.files import write_text_atomic
 from annotated.precision import fast_decoding
 from annotated.provenance import provenance
-from annotated.training.registry import TASKS
+from annotated.training.task import TASKS
 
 ENGINES = ("book", "ctranslate2", "ctranslate2-int8", "onnx")
 

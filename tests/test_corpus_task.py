@@ -8,8 +8,8 @@ import torch
 
 from annotated.batching import BOS, EOS, PAD
 from annotated.data.tokenizer import IdTokenizer
+from annotated.training.corpus_task import CorpusTask, TokenPairs
 from annotated.training.registry import build_config
-from annotated.training.tasks.corpus import CorpusTask, TokenPairs
 
 
 def corpus(n: int = 200, seed: int = 0) -> TokenPairs:

@@ -212,7 +212,7 @@ def test_mypy_checks_the_task_protocol(tmp_path):
     """A task that lacks what the trainer uses is a type error, not a crash hours into a run."""
     bad = tmp_path / "bad_task.py"
     bad.write_text(
-        "from annotated.training.registry import Task\n"
+        "from annotated.training.task import Task\n"
         "from annotated.training.tasks.copy import CopyTask\n\n"
         "class NoBatches:\n"
         "    @staticmethod\n"

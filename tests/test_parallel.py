@@ -11,7 +11,8 @@ from annotated.cli import evaluate, prepare
 from annotated.data.multi30k import load_multi30k
 from annotated.data.parallel import check_pair, load_prepared, prepare_parallel, split_tsv
 from annotated.errors import DataError, TrainingError
-from annotated.training.registry import TASKS, build_config
+from annotated.training.registry import build_config
+from annotated.training.task import TASKS
 
 from helpers import run_trainer, sets, tiny_copy
 

@@ -13,7 +13,8 @@ import pytest
 from annotated.errors import ConfigError
 from annotated.model import make_model
 from annotated.multihead import MultiHeadedAttention
-from annotated.training.registry import CONFIGS, TASKS, build_config, config_from_record
+from annotated.training.registry import CONFIGS, build_config, config_from_record
+from annotated.training.task import TASKS
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -93,9 +94,23 @@ def test_a_bad_value_is_refused_when_the_configuration_is_built():
         build_config("copy", ["task=wmt14"])
 
 
+def test_the_tasks_folder_holds_the_tasks_and_nothing_else():
+    """TASKS lists the modules of training/tasks/ without importing one: each defines TASK, and
+    they are exactly the tasks that the table's rows name (a helper module there would be listed
+    as a task, and a task module elsewhere would be missed)."""
+    listed = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom annotated.training.task import TASKS\n"
+         "print(*TASKS, sum(m.startswith('annotated.training.tasks.') for m in sys.modules))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert listed[-1] == "0", listed  # listing imported none of them
+    assert all(TASKS[name].__module__ == f"annotated.training.tasks.{name}" for name in TASKS)
+    assert set(listed[:-1]) == {s["task"] for _, s in CONFIGS.values() if "task" in s}
+
+
 def test_an_unknown_task_is_refused_with_the_known_ones():
     for name in ("nosuchtask", "os", "tiny_tasks.nosuch", "../etc"):
-        with pytest.raises(ConfigError, match="copy, multi30k, wmt14, parallel"):
+        with pytest.raises(ConfigError, match="copy, multi30k, parallel, wmt14"):
             TASKS[name]
 
 

@@ -19,7 +19,8 @@ from annotated.errors import ConfigError, TrainingError
 from annotated.experiments.throughput import measure_throughput
 from annotated.training.config import micro_batches_per_process
 from annotated.training.launch import launch, slurm_script, torchrun_command
-from annotated.training.registry import TASKS, build_config
+from annotated.training.registry import build_config
+from annotated.training.task import TASKS
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("ANNOTATED_DATA") or ROOT.parent / "shared" / "data").resolve()

@@ -29,7 +29,7 @@ from annotated.evaluation.translation import load_model, score  # noqa: E402
 from annotated.files import atomic_path  # noqa: E402
 from annotated.precision import fast_decoding  # noqa: E402
 from annotated.provenance import provenance  # noqa: E402
-from annotated.training.registry import TASKS  # noqa: E402
+from annotated.training.task import TASKS  # noqa: E402
 
 OUT = ROOT / "book" / "translator"
 

@@ -67,7 +67,8 @@ READER_API = {
     "corpus": ["load_corpus"],
     "data.tokenizer": ["Tokenizer", "train_tokenizer", "load_tokenizer"],
     "training.config": ["TrainConfig"],
-    "training.registry": ["CONFIGS", "TASKS", "build_config"],
+    "training.registry": ["CONFIGS", "build_config"],
+    "training.task": ["TASKS"],
     "training.trainer": ["train"],
     "evaluation.translation": ["translate", "load_model", "load", "Translator"],
 }

@@ -42,7 +42,8 @@ from annotated.evaluation.translation import load_model, score  # noqa: E402
 from annotated.experiments.throughput import measure_throughput  # noqa: E402
 from annotated.precision import fast_decoding  # noqa: E402
 from annotated.provenance import provenance  # noqa: E402
-from annotated.training.registry import TASKS, build_config  # noqa: E402
+from annotated.training.registry import build_config  # noqa: E402
+from annotated.training.task import TASKS  # noqa: E402
 
 # name -> the --set overrides applied to multi30k-cpu. Round 1 (float32 step times) ran
 # `current` and `d256`; round 2 runs every trial in bfloat16, which the fast path made pay on

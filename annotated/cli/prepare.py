@@ -16,8 +16,9 @@ from ..data.parallel import load_prepared, prepare_parallel, split_tsv
 from ..data.preparation import Prepared
 from ..data.tokenizer import Tokenizer, carried_tokenizer, load_tokenizer
 from ..errors import DataError
-from ..training.registry import CONFIGS, TASKS, build_config, config_from_record, task_of
+from ..training.registry import CONFIGS, build_config, config_from_record, task_of
 from ..training.run_folder import read_json
+from ..training.task import TASKS
 from ..training.tasks.wmt14 import prepare_for
 from .epilogue import Epilogue, command_parser, run_command
 

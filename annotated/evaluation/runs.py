@@ -28,8 +28,8 @@ from ..errors import TrainingError
 from ..files import atomic_path, lock_holder
 from ..precision import fast_decoding
 from ..provenance import git_commit
-from ..training.registry import TASKS
 from ..training.run_folder import read_json, read_metrics, step_records
+from ..training.task import TASKS
 from ..training.validation import best_checkpoint, best_step
 from .translation import load_model, score
 

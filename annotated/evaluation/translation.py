@@ -150,7 +150,8 @@ def task_tokenizer(state: dict):
     kind, _, size = str(state["tokenizer"]).partition("-")
     if kind == "ids" and size.isdigit():
         return IdTokenizer(int(size))
-    from ..training.registry import TASKS, config_from_record
+    from ..training.registry import config_from_record
+    from ..training.task import TASKS
 
     cfg = config_from_record(state["config"])
     return TASKS[cfg.task].tokenizer_for(cfg)

@@ -3,10 +3,6 @@
 # %% auto #0
 __all__ = [
     "CONFIGS",
-    "TASKS",
-    "TextTokenizer",
-    "Task",
-    "Tasks",
     "task_of",
     "table_settings",
     "build_config",
@@ -14,51 +10,15 @@ __all__ = [
     "registry_table",
 ]
 
-# %% ../../notebooks/18_tasks_and_registry.ipynb #c009p
-# Every named configuration in one table, each task found by its name, and what a task offers.
-import importlib
-import re
-import sys
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar, Protocol
+# %% ../../notebooks/18_tasks_and_registry.ipynb #c009ri
+# Every named configuration in one table, built by its name, and what a record trained.
+from typing import Any
 
-from ..batching import Batch
 from ..checkpoints import model_settings
 from ..errors import ConfigError
 from .config import PARTS, TaskData, TrainConfig, configure, defaults, put_setting
 from .config_files import config_from_file
-
-
-class TextTokenizer(Protocol):
-    """What the trainer and `translate` use of a tokenizer (SentencePiece's or the copy task's)."""
-
-    @property
-    def vocab_size(self) -> int: ...
-    @property
-    def fingerprint(self) -> str: ...  # equal fingerprints, equal ids
-    def encode(self, text: str) -> list[int]: ...
-    def decode(self, ids: list[int]) -> str: ...
-
-
-class Task(Protocol):
-    """What the trainer needs of a task: its batches, its tokenizer and its test sets."""
-
-    Data: ClassVar[type[TaskData]]  # the type of cfg.data for this task
-
-    @property
-    def tokenizer(self) -> TextTokenizer: ...
-    @property
-    def src_vocab(self) -> int: ...
-    @property
-    def tgt_vocab(self) -> int: ...
-
-    def __init__(self, cfg: TrainConfig, per_step: int) -> None: ...  # per_step: see above
-    @staticmethod
-    def tokenizer_for(cfg: TrainConfig) -> TextTokenizer: ...  # without loading the data
-    @staticmethod
-    def test_sets(cfg: TrainConfig) -> Mapping[str, Callable[[], list]]: ...  # name -> loader
-    def micro_batch(self, step: int, index: int) -> Batch: ...  # a pure function of its arguments
-
+from .task import TASKS
 
 # %% ../../notebooks/18_tasks_and_registry.ipynb #c009u
 # fmt: off
@@ -104,51 +64,6 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 # %% ../../notebooks/18_tasks_and_registry.ipynb #c009u2
-class Tasks(Mapping):
-    """Each task by its name, imported when it is looked up: "copy" is the TASK of the module
-    annotated.training.tasks.copy; a name with a dot is a module of your own."""
-
-    def __getitem__(self, name: str) -> type[Task]:
-        module = name if "." in name else f"annotated.training.tasks.{name}"
-        found = None
-        if re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
-            try:
-                found = getattr(importlib.import_module(module), "TASK", None)
-            except ModuleNotFoundError as e:  # not this module: one that it needs
-                if e.name is None or not module.startswith(e.name):
-                    raise
-        if found is None:
-            raise ConfigError(
-                f"unknown task {name!r}; the book's tasks are {', '.join(self)}. A task of your "
-                f"own is named by its module (task: mypackage.mytask), which defines TASK."
-            )
-        return found
-
-    def recorded(self, name: object) -> type[Task]:
-        """The task a record names (a checkpoint, a run.json): one of the book's, or a module
-        of your own that this process has already imported. A record never makes the code
-        import a module: a checkpoint from elsewhere could name any module on the path."""
-        book = list(self)
-        if isinstance(name, str) and (name in book or ("." in name and name in sys.modules)):
-            return self[name]
-        raise ConfigError(
-            f"the record names the task {name!r}, which is not one of the book's tasks "
-            f"({', '.join(book)}) nor a module imported by this process: reading a checkpoint "
-            f"or run.json never imports the code it names. For a task of your own, import its "
-            f"module first: --import mypackage.mytask (translate, evaluate, export), or its "
-            f"configuration for train (--config, or --set task=mypackage.mytask)."
-        )
-
-    def __iter__(self) -> Iterator[str]:  # the book's tasks, as the table names them
-        return iter(dict.fromkeys(s["task"] for _, s in CONFIGS.values() if "task" in s))
-
-    def __len__(self) -> int:
-        return len(list(iter(self)))
-
-
-TASKS = Tasks()
-
-
 def _settings(name: str) -> list[tuple[str, Any]]:
     """A named configuration's settings, its bases' first; a new task starts its data afresh."""
     if name not in CONFIGS:

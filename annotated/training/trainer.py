@@ -34,7 +34,6 @@ from .distributed import (
 )
 from .prefetch import Prefetcher
 from .progress import Progress, checkpoint_due, out_of_time, run_summary
-from .registry import TASKS, Task
 from .reporting import check_reporters, open_reports
 from .resuming import (
     diverged,
@@ -44,6 +43,7 @@ from .resuming import (
     resumed_micro_batches,
 )
 from .run_folder import check_run_folder, own_run_folder, record_run, run_identity
+from .task import TASKS, Task
 from .validation import Validator, checkpoint_run, stopping_early
 
 

@@ -29,7 +29,7 @@ from ..errors import ConfigError, TrainingError
 from ..files import write_text_atomic
 from .config import TrainConfig
 from .distributed import all_sum
-from .registry import TASKS
+from .task import TASKS
 
 BEST = "best.json"  # in the run folder: the step, scores and checkpoint of the best validation
 

@@ -11,7 +11,7 @@ from typing import ClassVar
 from ...data.multi30k import MULTI30K_VOCAB, load_multi30k, multi30k_tokenizer
 from ...data.tokenizer import Tokenizer
 from ..config import TaskData, TrainConfig, task_data
-from .corpus import CorpusTask, TokenPairs
+from ..corpus_task import CorpusTask, TokenPairs
 
 
 # %% ../../../notebooks/23_multi30k_data.ipynb #mt-c011a

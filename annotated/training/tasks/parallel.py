@@ -16,7 +16,7 @@ from ...data.preparation import Prepared
 from ...data.tokenizer import Tokenizer
 from ...errors import DataError
 from ..config import TaskData, TrainConfig, task_data
-from .corpus import CorpusTask
+from ..corpus_task import CorpusTask
 
 
 @dataclass

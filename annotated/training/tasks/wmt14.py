@@ -13,7 +13,7 @@ from ...data.preparation import Prepared, prepare_wmt14
 from ...data.tokenizer import Tokenizer
 from ...data.wmt14 import WMT14_PAIRS
 from ..config import TaskData, TrainConfig, task_data
-from .corpus import CorpusTask
+from ..corpus_task import CorpusTask
 
 
 # %% ../../../notebooks/25_wmt14_training.ipynb #c020
