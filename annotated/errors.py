@@ -12,6 +12,7 @@ __all__ = [
     "Preempted",
     "optional_package",
     "out_of_memory",
+    "memory_bytes",
     "fits",
 ]
 
@@ -41,6 +42,7 @@ def refuse_broken(rules) -> None:
 # %% ../notebooks/17_trainer_configuration.ipynb #c002
 # The trainer's and the data code's errors, beside chapter 2's `ExpectedError`.
 import importlib
+import os
 
 import torch
 
@@ -81,12 +83,30 @@ def optional_package(name: str, extra: str, leave_out: str = ""):
 
 def out_of_memory(e: BaseException) -> bool:
     """A GPU's or the CPU allocator's refusal, as PyTorch reports it."""
-    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e)
+    said = str(e)  # a size past what any allocator can count is refused with "overflowed"
+    return (
+        isinstance(e, torch.OutOfMemoryError)
+        or "can't allocate memory" in said
+        or ("Storage size calculation overflowed" in said)
+    )
+
+
+def memory_bytes(device: torch.device | None = None) -> float:
+    """A GPU's memory, or this machine's in all; infinite where the system does not say."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # Windows has no sysconf
+        return float("inf")
 
 
 def fits(value, default) -> bool:
     """May `value` stand where `default` stands? The same type, except that a float setting
-    takes a whole number too; a bool is never taken for a number, nor a number for a bool."""
+    takes a whole number too; a bool is never taken for a number, nor a number for a bool. A
+    whole-number setting takes 64 bits at most, as every tensor and file that holds it does."""
     if isinstance(default, bool) or isinstance(value, bool):
         return type(value) is type(default)
+    if type(default) is int and isinstance(value, int):
+        return -(2**63) <= value < 2**63
     return isinstance(value, (int, float) if isinstance(default, float) else type(default))

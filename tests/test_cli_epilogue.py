@@ -287,11 +287,11 @@ def test_threads_default_to_the_free_cores_or_omp_num_threads(monkeypatch):
 def test_the_memory_message_works_where_the_system_does_not_say_how_much_there_is(monkeypatch):
     import os
 
-    from annotated.cli import epilogue
+    from annotated.errors import memory_bytes
 
-    assert 0 < epilogue._memory_bytes() < float("inf")
+    assert 0 < memory_bytes() < float("inf")
     monkeypatch.delattr(os, "sysconf")  # Windows
-    assert epilogue._memory_bytes() == float("inf")
+    assert memory_bytes() == float("inf")
 
 
 def test_a_command_takes_ctrl_c_back_once_it_is_ready():

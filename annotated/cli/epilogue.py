@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import __version__
-from ..errors import ExpectedError, Preempted, out_of_memory
+from ..errors import ExpectedError, Preempted, memory_bytes, out_of_memory
 from .starting import ready
 
 EXPECTED = 2  # an error the reader can fix, as argparse exits for a bad command line
@@ -241,7 +241,7 @@ def _no_memory(e: RuntimeError, end: Epilogue) -> str:
     where = "the GPU" if isinstance(e, torch.OutOfMemoryError) else "this machine"
     said = ". ".join(_first(e).split(". ")[:2])  # PyTorch's first words: what it tried
     asked = re.search(r"allocate (\d+) bytes", str(e))
-    if asked and int(asked[1]) > _memory_bytes():  # no machine like this one could hold it
+    if asked and int(asked[1]) > memory_bytes():  # no machine like this one could hold it
         return (
             f"{where} was asked for {int(asked[1]) / 2**30:,.0f} GiB at once ({said}), more than "
             f"this machine has in all: a size in the configuration or the checkpoint is far too "
@@ -249,15 +249,6 @@ def _no_memory(e: RuntimeError, end: Epilogue) -> str:
             f"then run the command again."
         )
     return f"{where} ran out of memory ({said}). {_then('', end.memory)}, then {end.again}."
-
-
-def _memory_bytes() -> float:
-    """This machine's memory in all (physical pages times their size); infinite where the
-    system does not say (Windows)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return float("inf")
 
 
 def _cannot_write(e: OSError, end: Epilogue) -> str:

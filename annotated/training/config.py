@@ -164,7 +164,7 @@ class TrainConfig(Checked):
             ],
             (self.precision in PRECISIONS, "precision", "must be auto, fp32, bf16 or fp16"),
             (self.checkpoint_every >= 0, "checkpoint_every", "must be 0 (only at the end) or more"),
-            (0 <= self.seed < 2**63, "seed", "must be a whole number from 0 to 2**63 - 1"),
+            (0 <= self.seed < 2**32, "seed", "must be a whole number from 0 to 2**32 - 1"),
             (self.valid_sentences >= 0, "valid_sentences", "must be 0 (off) or more"),
             (self.valid_every >= 0, "valid_every", "must be 0 (at every checkpoint) or more"),
             (self.best_metric in BEST_METRICS, "best_metric", "must be dev_bleu or dev_loss"),
@@ -256,8 +256,9 @@ def _value(where: str, key: str, value, current):
         except (KeyError, ValueError):
             value = None
     if not fits(value, current):
+        bits = " of 64 bits" if isinstance(value, int) and fits(0, current) else ""
         raise ConfigError(
-            f"{where} {key}={given}: {key} expects a value of type {kind.__name__} "
+            f"{where} {key}={given}: {key} expects a value of type {kind.__name__}{bits} "
             f"(current value {current!r})"
         )
     return float(value) if kind is float else value

@@ -16,7 +16,13 @@ from torch import nn
 from ..batching import PAD
 from ..checkpoints import check_same_run, checkpoint_step, load_checkpoint, load_weights
 from ..data.tokenizer import check_fingerprint
-from ..errors import Preempted, TrainingError, out_of_memory, refuse_broken
+from ..errors import (
+    Preempted,
+    TrainingError,
+    memory_bytes,
+    out_of_memory,
+    refuse_broken,
+)
 from ..fast import make_fast
 from ..files import LOCK_FILE
 from ..loss import FusedLabelSmoothing, LabelSmoothing
@@ -93,6 +99,16 @@ def build_run(cfg: TrainConfig, world: int, device: torch.device, per_step: int 
     processes; 0 = what the configuration asks for (a resumed run keeps its checkpoint's)."""
     per_step = per_step or world * micro_batches_per_process(cfg, world)
     task = TASKS[cfg.task](cfg, per_step)
+    m = cfg.model  # float32 bytes, at least: every layer's attention and feed-forward weights,
+    inner = m.h * (m.d_k or m.d_model // m.h) * 12 + 4 * m.d_ff  # one embedding, the positions
+    need = 4 * m.d_model * (m.N * inner + max(task.src_vocab, task.tgt_vocab) + m.max_len)
+    refuse_broken([
+        (need <= memory_bytes(device), "model.N, model.d_model, model.d_ff, model.max_len",
+         f"the weights alone need {need / 2**30:,.0f} GiB, more than this {device.type} has"),
+        (per_step <= world * 2**16, "batch.accum, batch.tokens_per_step",
+         f"ask for {per_step:,} micro-batches a step, held in memory at once; at most 65,536 per "
+         f"process, with a larger batch.max_tokens instead"),
+    ])  # fmt: skip
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = make_model(task.src_vocab, task.tgt_vocab, **asdict(cfg.model)).to(device)
     if cfg.fast:
