@@ -7,6 +7,7 @@ __all__ = [
     "model_settings",
     "CHECKPOINT_NAME",
     "CHECKPOINT_KEYS",
+    "FIELD_KINDS",
     "RUN_IDENTITY",
     "checkpoint_name",
     "checkpoint_paths",
@@ -175,6 +176,12 @@ def unreadable(path: Path, error: Exception) -> str:
     return f"{type(error).__name__}: {str(error)[:200]}"
 
 
+# the kind of each field that the trainer writes, as `fits` compares them
+FIELD_KINDS = {"step": 0, "seconds": 0.0, "world_size": 0, "tokenizer": "", "config": {},
+               "data": {}, "model": {}, "optimizer": {}, "scheduler": {}, "rng": {},
+               "precision": {}}  # fmt: skip
+
+
 def load_checkpoint(path: Path, keys: tuple[str, ...] = CHECKPOINT_KEYS) -> dict:
     """The checkpoint at `path`, holding `keys`: the trainer's CHECKPOINT_KEYS, or none for a
     reader that also takes a plain state_dict (averaging). Any other file is a TrainingError."""
@@ -203,6 +210,13 @@ def load_checkpoint(path: Path, keys: tuple[str, ...] = CHECKPOINT_KEYS) -> dict
         raise TrainingError(
             f"{path} loads, but it is not a checkpoint of this trainer (no "
             f"{', '.join(missing)}); give a file written by python -m annotated.cli.train."
+        )
+    wrong = [k for k, kind in FIELD_KINDS.items() if k in state and not fits(state[k], kind)]
+    if wrong:  # a reader would fail on it deep inside PyTorch, with a traceback
+        raise TrainingError(
+            f"checkpoint {path} holds {', '.join(wrong)} of the wrong kind (a number, mapping or "
+            f"text where another belongs): it was edited or damaged; give a file written by "
+            f"python -m annotated.cli.train, or move it out of its run."
         )
     return state
 

@@ -146,3 +146,42 @@ def test_a_pipe_or_a_device_named_as_a_checkpoint_is_refused_at_once(tmp_path):
     done = subprocess.run(command, input="3 4\n", capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "pipe or a device" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_every_reader_refuses_a_checkpoint_whose_fields_have_the_wrong_kind(tmp_path):
+    """Each field of a real checkpoint, and each setting and part of its recorded configuration,
+    replaced by a value of another kind: loading it for translation and resuming from it both end
+    in a message (before, a part turned into text or a number raised a TypeError inside PyTorch)."""
+    from annotated.errors import ExpectedError, fits
+    from annotated.evaluation.translation import load_model
+
+    tiny = ["model.N=1", "model.d_model=16", "model.d_ff=16", "model.h=2", "log_every=1",
+            "data.batch_sentences=4", "checkpoint_every=1"]  # fmt: skip
+    train(build_config("copy", [*tiny, "max_steps=1"]), tmp_path / "run", progress=False)
+    path = checkpoint_paths(tmp_path / "run")[-1]
+    state = torch.load(path, weights_only=True)
+    fields = [(state, k) for k in state] + [(state["config"], k) for k in state["config"]]
+    reads = 0
+    for holder, key in fields:
+        for wrong in ["text", 3, None, [1, 2], 1.5]:
+            if fits(wrong, holder[key]):
+                continue  # a value of the right kind: the edge tests try those
+            saved = holder[key]
+            holder[key] = wrong
+            run = tmp_path / f"resume{reads}"
+            (run / "checkpoints").mkdir(parents=True)
+            (run / "run.json").write_bytes((tmp_path / "run" / "run.json").read_bytes())
+            torch.save(state, run / "checkpoints" / path.name)
+            holder[key] = saved
+            for reader in ("translate", "resume"):
+                if reader == "resume" and key == "tokenizer_model":
+                    continue  # the trainer rebuilds its tokenizer; it checks the fingerprint
+                reads += 1
+                with pytest.raises(ExpectedError):
+                    if reader == "translate":
+                        load_model([run / "checkpoints" / path.name])
+                    else:
+                        cfg = build_config("copy", [*tiny, "max_steps=2"])
+                        train(cfg, run, resume=True, progress=False)
+    print(f"{len(fields)} fields of a checkpoint and its record walked: {reads} reads refused")
+    assert len(fields) > 20 and reads > 150

@@ -121,6 +121,11 @@ def config_from_record(saved: dict) -> TrainConfig:
     """The TrainConfig that a checkpoint or run.json recorded, in any of its layouts: its model
     as `model_settings` reads it, every setting checked as --set's are, unknown keys dropped."""
     model_settings(saved)  # a record with a model this version can build, or refused
+    layered = "optim" in saved  # the oldest layout kept the data's scale, as text, at the top
+    wrong = [k for k in ("data", *PARTS) if k in saved and not isinstance(saved[k], dict)]
+    if wrong and (layered or wrong != ["data"]):
+        raise ConfigError(f"the recorded configuration's {', '.join(wrong)} should each map "
+                          f"settings to values: the record was edited or damaged.")  # fmt: skip
     task = saved.get("task", "copy")
     kind = TASKS.recorded(task).Data
     known = [(k, v) for k, v in _flat_record(saved).items() if k in defaults(kind)]
