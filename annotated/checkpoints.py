@@ -212,7 +212,7 @@ def load_checkpoint(path: Path, keys: tuple[str, ...] = CHECKPOINT_KEYS) -> dict
             f"{', '.join(missing)}); give a file written by python -m annotated.cli.train."
         )
     wrong = [k for k, kind in FIELD_KINDS.items() if k in state and not fits(state[k], kind)]
-    if wrong:  # a reader would fail on it deep inside PyTorch, with a traceback
+    if wrong and keys:  # a trainer's checkpoint; averaging checks a plain state_dict itself
         raise TrainingError(
             f"checkpoint {path} holds {', '.join(wrong)} of the wrong kind (a number, mapping or "
             f"text where another belongs): it was edited or damaged; give a file written by "
