@@ -211,8 +211,9 @@ def load_checkpoint(path: Path, keys: tuple[str, ...] = CHECKPOINT_KEYS) -> dict
             f"{path} loads, but it is not a checkpoint of this trainer (no "
             f"{', '.join(missing)}); give a file written by python -m annotated.cli.train."
         )
-    wrong = [k for k, kind in FIELD_KINDS.items() if k in state and not fits(state[k], kind)]
-    if wrong and keys:  # a trainer's checkpoint; averaging checks a plain state_dict itself
+    kinds = FIELD_KINDS if keys else {}  # a trainer's checkpoint; averaging checks its own
+    wrong = [k for k, kind in kinds.items() if k in state and not fits(state[k], kind)]
+    if wrong:
         raise TrainingError(
             f"checkpoint {path} holds {', '.join(wrong)} of the wrong kind (a number, mapping or "
             f"text where another belongs): it was edited or damaged; give a file written by "

@@ -128,7 +128,8 @@ def config_from_record(saved: dict) -> TrainConfig:
                           f"settings to values: the record was edited or damaged.")  # fmt: skip
     task = saved.get("task", "copy")
     kind = TASKS.recorded(task).Data
-    known = [(k, v) for k, v in _flat_record(saved).items() if k in defaults(kind)]
+    settings = defaults(kind)  # read once, not once per recorded key
+    known = [(k, v) for k, v in _flat_record(saved).items() if k in settings]
     return configure(task, kind, known, "the recorded configuration:")
 
 
