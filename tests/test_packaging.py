@@ -1,11 +1,15 @@
 """`pip install .` into an empty virtual environment gives a package that imports and whose command
-lines start. torch is installed first, pinned as in requirements.txt: a reader chooses the torch
-build for their machine, and any other specifier here would fetch gigabytes of CUDA wheels."""
+lines start. torch is there first, the version requirements.txt pins: a reader chooses the torch
+build for their machine, and any other specifier here would fetch gigabytes of CUDA wheels. The
+test links this environment's copy of that torch (and what it requires) into the new one rather
+than unpacking the same wheel again, which took most of its time; pip then sees torch installed,
+as it would on a reader's machine, and installs everything else."""
 
 import re
 import shutil
 import subprocess
 import venv
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,27 @@ def torch_pin() -> str:
     return pins[0]
 
 
+def link_distributions(name: str, site: Path) -> list[str]:
+    """Distribution `name` and every one it requires (extras aside), linked from this
+    environment's site-packages into `site`: what pip would unpack, without unpacking it."""
+    todo, linked = [name], []
+    while todo:
+        try:
+            dist = distribution(todo.pop())
+        except PackageNotFoundError:  # a requirement for another platform (CUDA's, Windows')
+            continue
+        key = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+        if key in linked:
+            continue
+        linked.append(key)
+        where = Path(dist.locate_file(""))
+        for top in {f.parts[0] for f in dist.files or []} - {"..", "__pycache__"}:
+            if not (site / top).exists():
+                (site / top).symlink_to(where / top)
+        todo += [re.match(r"[A-Za-z0-9_.-]+", r)[0] for r in dist.requires or [] if "extra" not in r]
+    return linked
+
+
 @pytest.mark.slow
 def test_pip_install_into_an_empty_environment(tmp_path):
     venv.create(tmp_path / "env", with_pip=True)
@@ -34,7 +59,10 @@ def test_pip_install_into_an_empty_environment(tmp_path):
         assert r.returncode == 0, " ".join(args) + "\n" + r.stdout[-2000:] + r.stderr[-3000:]
         return r.stdout
 
-    run("-m", "pip", "install", "--quiet", torch_pin())
+    site = Path(run("-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip())
+    assert "torch" in link_distributions("torch", site)
+    pinned = run("-m", "pip", "install", "--quiet", "--dry-run", "--report", "-", torch_pin())
+    assert '"install": []' in pinned, "the linked torch is not the version requirements.txt pins"
     src = tmp_path / "src"  # a copy: pip's build folders never land in the checkout
     shutil.copytree(
         ROOT / "annotated", src / "annotated", ignore=shutil.ignore_patterns("__pycache__")
@@ -47,8 +75,14 @@ def test_pip_install_into_an_empty_environment(tmp_path):
         "-c", "import annotated; print(annotated.__file__); print(annotated.make_model(11, 11))"
     )
     assert "site-packages" in where and "EncoderDecoder" in where
-    for name in COMMANDS:
-        assert "usage:" in run("-m", f"annotated.cli.{name}", "--help")
+    # each command line, run as `python -m` runs it, in one process (torch imported once)
+    helps = run("-c", "import runpy, sys\n"
+                      f"for name in {COMMANDS!r}:\n"
+                      "    sys.argv = [name, '--help']\n"
+                      "    try: runpy.run_module(f'annotated.cli.{name}', run_name='__main__')\n"
+                      "    except SystemExit as e: print(name, 'exit', e.code)\n")  # fmt: skip
+    assert [f"{name} exit 0" for name in COMMANDS] == re.findall(r"^\w+ exit \S+$", helps, re.M)
+    assert helps.count("usage:") == len(COMMANDS), helps
     # the notebooks' libraries are the `book` extra: without them the command lines still train
     absent = run("-c", "import importlib.util as u; print([u.find_spec(m) for m in "
                        "('pandas', 'altair', 'matplotlib')])")  # fmt: skip
