@@ -224,7 +224,7 @@ def test_mypy_checks_the_task_protocol(tmp_path):
         "bad: type[Task] = NoBatches\n"
     )
     r = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports=silent", str(bad)],
+        [sys.executable, "-m", "mypy", "--follow-imports=silent", str(bad)],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -45,7 +45,8 @@ def link_distributions(name: str, site: Path) -> list[str]:
         for top in {f.parts[0] for f in dist.files or []} - {"..", "__pycache__"}:
             if not (site / top).exists():
                 (site / top).symlink_to(where / top)
-        todo += [re.match(r"[A-Za-z0-9_.-]+", r)[0] for r in dist.requires or [] if "extra" not in r]
+        needs = [r for r in dist.requires or [] if "extra" not in r]
+        todo += [re.match(r"[A-Za-z0-9_.-]+", r)[0] for r in needs]
     return linked
 
 
