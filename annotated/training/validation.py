@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from ..batching import BOS, EOS, make_batch
-from ..bleu import sacrebleu_score
 from ..checkpoints import CHECKPOINT_NAME, checkpoint_name
 from ..decoding import greedy_decode, sequence_log_prob
 from ..errors import ConfigError, TrainingError
@@ -69,6 +68,8 @@ def validate(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 6
         ys = greedy_decode(model, src, mask, src.size(1) + 51, BOS, end_symbol=EOS)
         hyps += [tokenizer.decode(_until_end(row[1:])) for row in ys.tolist()]
     model.train(training)
+    from ..bleu import sacrebleu_score  # sacreBLEU loads when a run validates
+
     bleu = sacrebleu_score(hyps, [t for _, t in pairs])[0]
     seconds = time.time() - started
     return dict(dev_loss=nll / tokens, dev_bleu=bleu, dev_sentences=len(pairs), dev_s=seconds)
