@@ -183,5 +183,27 @@ def test_every_reader_refuses_a_checkpoint_whose_fields_have_the_wrong_kind(tmp_
                     else:
                         cfg = build_config("copy", [*tiny, "max_steps=2"])
                         train(cfg, run, resume=True, progress=False)
-    print(f"{len(fields)} fields of a checkpoint and its record walked: {reads} reads refused")
-    assert len(fields) > 20 and reads > 150
+    # one level deeper: each key of the optimiser's, the schedule's, the generators' and the
+    # precision's state removed in turn resumes (a key the trainer rebuilds) or is a message
+    # naming the file; before, four of them were a KeyError inside PyTorch
+    parts = [(part, key) for part in ("optimizer", "scheduler", "rng", "precision")
+             for key in state[part]]  # fmt: skip
+    refused = set()
+    for part, key in parts:
+        run = tmp_path / f"inner-{part}-{key}"
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "run.json").write_bytes((tmp_path / "run" / "run.json").read_bytes())
+        saved = state[part].pop(key)
+        torch.save(state, run / "checkpoints" / path.name)
+        state[part][key] = saved
+        try:
+            train(build_config("copy", [*tiny, "max_steps=2"]), run, resume=True, progress=False)
+        except ExpectedError as e:
+            assert "cannot be resumed" in str(e) and str(path.name) in str(e), e
+            refused.add(f"{part}.{key}")
+    reads += len(parts)
+    print(f"{len(fields) + len(parts)} fields of a checkpoint and its record walked: "
+          f"{reads} reads refused or resumed")  # fmt: skip
+    four = {"optimizer.param_groups", "scheduler.lr_lambdas", "rng.torch", "precision.name"}
+    assert four <= refused, refused
+    assert len(fields) > 20 and len(parts) >= 8 and reads > 150

@@ -8,6 +8,7 @@ __all__ = [
     "ended_early",
     "rng_state",
     "restore_rng_state",
+    "restore_training_state",
     "ARCHITECTURE",
     "initial_weights",
 ]
@@ -99,6 +100,31 @@ def restore_rng_state(state: dict):
     random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# %% ../../notebooks/20_building_and_resuming.ipynb #c015b2r
+from ..precision import PRECISIONS
+
+
+def restore_training_state(optimizer, scheduler, state: dict, path: Path) -> None:
+    """Adam's moments, the schedule's position and the generators as checkpoint `state` holds
+    them; the learning rate is worked out anew, so a changed lr_factor or warmup applies now."""
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        for group, base, rule in zip(optimizer.param_groups, scheduler.base_lrs,
+                                     scheduler.lr_lambdas, strict=True):  # fmt: skip
+            group["lr"] = base * rule(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        restore_rng_state(state["rng"])
+        if state.get("precision") is not None and state["precision"]["name"] not in PRECISIONS:
+            raise ValueError(f"precision {state['precision']['name']!r}")
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as e:
+        raise TrainingError(
+            f"{path} cannot be resumed: its optimiser, schedule, random or precision state does "
+            f"not load ({type(e).__name__}: {e}). The file was edited or damaged; move it out of "
+            f"{path.parent} and --resume again from the checkpoint before it."
+        ) from None
 
 
 # %% ../../notebooks/27_your_own_corpus.ipynb #c051

@@ -45,7 +45,7 @@ from .resuming import (
     diverged,
     ended_early,
     initial_weights,
-    restore_rng_state,
+    restore_training_state,
     resumed_micro_batches,
 )
 from .run_folder import check_run_folder, own_run_folder, record_run, run_identity
@@ -148,15 +148,9 @@ def _resume(run: Run, state: dict | None, path: Path | None, cfg: TrainConfig) -
     check_fingerprint(state["tokenizer"], run.task.tokenizer.fingerprint,
                       what=f"{path} was trained", fix=fix)  # fmt: skip
     load_weights(run.model, state["model"], path)
-    optimizer, scheduler = run.optimizer, run.scheduler
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    for group, base, rule in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base * rule(scheduler.last_epoch)  # a changed lr_factor or warmup applies now
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    restore_training_state(run.optimizer, run.scheduler, state, path)
     run.step = int(state["step"])
     run.seconds = float(state.get("seconds", 0.0))
-    restore_rng_state(state["rng"])
     return state.get("precision")
 
 
