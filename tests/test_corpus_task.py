@@ -10,6 +10,7 @@ from annotated.batching import BOS, EOS, PAD
 from annotated.data.tokenizer import IdTokenizer
 from annotated.training.corpus_task import CorpusTask, TokenPairs
 from annotated.training.registry import build_config
+from annotated.training.tasks.multi30k import Multi30kData
 
 
 def corpus(n: int = 200, seed: int = 0) -> TokenPairs:
@@ -19,11 +20,21 @@ def corpus(n: int = 200, seed: int = 0) -> TokenPairs:
     return TokenPairs(sources, targets)
 
 
+class InMemory(CorpusTask):
+    """A corpus task whose `load` reads the corpus above; it sees only its data settings."""
+
+    Data = Multi30kData
+
+    def load(self, data: Multi30kData) -> tuple[IdTokenizer, TokenPairs]:
+        assert type(data) is Multi30kData  # not the configuration: no batch, no model
+        return IdTokenizer(50), corpus()
+
+
 def task(per_step: int = 2, max_tokens: int = 120) -> CorpusTask:
     cfg = build_config(
         "multi30k-small", [f"batch.max_tokens={max_tokens}", "batch.tokens_per_step=0"]
     )
-    return CorpusTask(cfg, per_step, IdTokenizer(50), corpus())
+    return InMemory(cfg, per_step)
 
 
 def unpadded(rows: torch.Tensor) -> list[tuple[int, ...]]:

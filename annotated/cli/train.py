@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..training.config import TrainConfig
+from ..training.config import TrainConfig, configure
 from ..training.config_files import config_text
-from ..training.registry import CONFIGS, build_config
+from ..training.registry import CONFIGS, named_settings
 from ..training.reporting import REPORTERS
 from ..training.run_folder import read_metrics
 from ..training.trainer import train
@@ -110,7 +110,7 @@ def _config(args) -> TrainConfig:
     # --max-steps 0 is refused by the configuration's checks, not ignored
     steps = [] if args.max_steps is None else [f"max_steps={args.max_steps}"]
     init = [] if args.init is None else [f"init={args.init}"]
-    return build_config(args.config, args.set + steps + init)
+    return configure(*named_settings(args.config), args.set + steps + init)
 
 
 def _config_text(args) -> str:

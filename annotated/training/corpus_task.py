@@ -7,11 +7,12 @@ __all__ = ["TokenPairs", "CorpusTask"]
 # The one batching path of every corpus task: token-id pairs read in BucketSampler's micro-batches,
 # numbered through the epochs so that a micro-batch is a pure function of (step, index).
 import math
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..batching import BOS, EOS, Batch, BucketSampler, make_batch
-from .config import TrainConfig
+from .config import TaskData, TrainConfig, task_data
 
 
 class TokenPairs:
@@ -37,19 +38,25 @@ def _ids(x) -> list[int]:
 
 
 class CorpusTask:
-    """A task whose examples are the pairs of `corpus` (anything with `lengths()` and
-    `pair(i)`). Micro-batch g = step * per_step + index, counted through the epochs."""
+    """A task whose examples are the pairs of a corpus (anything with `lengths()` and
+    `pair(i)`), which a subclass reads from its own data settings with `load`. Micro-batch
+    g = step * per_step + index, counted through the epochs."""
 
-    def __init__(self, cfg: TrainConfig, per_step: int, tokenizer, corpus):
-        self.cfg, self.per_step = cfg, per_step
-        self.tokenizer, self.corpus = tokenizer, corpus
+    Data: ClassVar[type[TaskData]]  # the subclass's data settings, all that `load` sees
+
+    def load(self, data: Any) -> tuple[Any, Any]:  # -> (tokenizer, corpus)
+        raise NotImplementedError
+
+    def __init__(self, cfg: TrainConfig, per_step: int = 1):
+        tokenizer, corpus = self.load(task_data(cfg, self.Data))
+        self.per_step, self.tokenizer, self.corpus = per_step, tokenizer, corpus
         self.src_vocab = self.tgt_vocab = tokenizer.vocab_size
         self.lengths = corpus.lengths() + [1, 2]  # </s> after a source; <s> ... </s>
         b = cfg.batch  # a micro-batch's share of the step's tokens, or max_tokens
         budget = math.ceil(b.tokens_per_step / per_step) if b.tokens_per_step else b.max_tokens
         self.sampler = BucketSampler(
             self.lengths, budget, b.max_tokens, max_len=cfg.model.max_len, seed=cfg.seed
-        )
+        )  # the batch settings stop here: a task's `load` never sees them
         self._sizes: list[int] = []  # micro-batches in each epoch met so far
         self._epoch: tuple[int, list[np.ndarray]] = (-1, [])
 

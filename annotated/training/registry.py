@@ -5,6 +5,7 @@ __all__ = [
     "CONFIGS",
     "task_of",
     "table_settings",
+    "named_settings",
     "build_config",
     "config_from_record",
     "registry_table",
@@ -17,7 +18,7 @@ from typing import Any
 from ..checkpoints import model_settings
 from ..errors import ConfigError
 from .config import PARTS, TaskData, TrainConfig, configure, defaults, put_setting
-from .config_files import config_from_file
+from .config_files import file_settings
 from .task import TASKS
 
 # %% ../../notebooks/18_tasks_and_registry.ipynb #c009u
@@ -91,16 +92,20 @@ def table_settings(name: str) -> dict[str, Any]:
     return values
 
 
+def named_settings(name: str) -> tuple[str, type[TaskData], list[tuple[str, Any]], str]:
+    """(task, its data class, settings, where) of a named configuration, as `configure`
+    takes them. A name ending in .json, .yaml or .yml is a configuration file (appendix A3)."""
+    if name.lower().endswith((".json", ".yaml", ".yml")):
+        return file_settings(name, lambda task: TASKS[task].Data)
+    task = task_of(name)
+    row = [(key, value) for key, value in _settings(name) if key != "task"]
+    return task, TASKS[task].Data, row, f"configuration {name!r}:"
+
+
 def build_config(name: str, overrides=()) -> TrainConfig:
     """The named configuration with `key=value` overrides applied (nested keys use dots),
-    built once: every part checks its values as it is made. A name ending in .json, .yaml or
-    .yml is a configuration file instead (appendix A3)."""
-    if name.lower().endswith((".json", ".yaml", ".yml")):
-        return config_from_file(name, overrides, lambda task: TASKS[task].Data)
-    task = task_of(name)
-    data = TASKS[task].Data
-    row = [(key, value) for key, value in _settings(name) if key != "task"]
-    return configure(task, data, row, f"configuration {name!r}:", overrides)
+    built once: every part checks its values as it is made."""
+    return configure(*named_settings(name), overrides)
 
 
 # %% ../../notebooks/18_tasks_and_registry.ipynb #c009u3
@@ -133,6 +138,7 @@ def config_from_record(saved: dict) -> TrainConfig:
     return configure(task, kind, known, "the recorded configuration:")
 
 
+# %% ../../notebooks/A3_command_lines.ipynb #a3-registry-table
 def registry_table(prefix: str = "") -> list[dict]:
     """One row per named configuration whose name starts with `prefix`: what it trains."""
     rows = []

@@ -30,12 +30,12 @@ class Multi30kTask(CorpusTask):
 
     Data: ClassVar[type[TaskData]] = Multi30kData  # its part of a TrainConfig
 
-    def __init__(self, cfg: TrainConfig, per_step: int = 1):
+    def load(self, data: Multi30kData) -> tuple[Tokenizer, TokenPairs]:
         pairs = load_multi30k("train")
-        tokenizer = multi30k_tokenizer(task_data(cfg, Multi30kData).vocab, pairs)
+        tokenizer = multi30k_tokenizer(data.vocab, pairs)
         sources = [tokenizer.encode(s) for s, _ in pairs]
         targets = [tokenizer.encode(t) for _, t in pairs]
-        super().__init__(cfg, per_step, tokenizer, TokenPairs(sources, targets))
+        return tokenizer, TokenPairs(sources, targets)
 
     @staticmethod
     def test_sets(cfg: TrainConfig) -> dict:  # name -> () -> [(source, reference)]

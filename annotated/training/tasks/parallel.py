@@ -34,8 +34,8 @@ class ParallelData(TaskData):
         return load_prepared(self.path).pair.split("-")[1]
 
 
-def prepared_for(cfg: TrainConfig) -> Prepared:
-    path = task_data(cfg, ParallelData).path
+def prepared_for(cfg: TrainConfig | ParallelData) -> Prepared:
+    path = (cfg if isinstance(cfg, ParallelData) else task_data(cfg, ParallelData)).path
     if not path:
         raise DataError(
             "the parallel task trains on a folder that `python -m annotated.cli.prepare --src "
@@ -49,9 +49,9 @@ class ParallelTask(CorpusTask):
 
     Data: ClassVar[type[TaskData]] = ParallelData  # its part of a TrainConfig
 
-    def __init__(self, cfg: TrainConfig, per_step: int = 1):
-        self.prepared = prepared_for(cfg)
-        super().__init__(cfg, per_step, self.prepared.tokenizer, self.prepared.corpus("train"))
+    def load(self, data: ParallelData) -> tuple[Tokenizer, object]:
+        self.prepared = prepared_for(data)
+        return self.prepared.tokenizer, self.prepared.corpus("train")
 
     @staticmethod
     def test_sets(cfg: TrainConfig) -> dict:  # name -> () -> [(source, reference)]

@@ -41,9 +41,10 @@ class Wmt14Data(TaskData):
         return self.pair.split("-")[1]
 
 
-def prepare_for(cfg: TrainConfig) -> Prepared:
-    """The prepared WMT14 data of a configuration: its pair, its scale, its vocabulary size."""
-    data = task_data(cfg, Wmt14Data)
+def prepare_for(cfg: TrainConfig | Wmt14Data) -> Prepared:
+    """The prepared WMT14 data of a configuration (or of its data settings): its pair, its
+    scale, its vocabulary size."""
+    data = cfg if isinstance(cfg, Wmt14Data) else task_data(cfg, Wmt14Data)
     return prepare_wmt14(data.pair, data.scale or None, vocab_size=data.vocab or None)
 
 
@@ -53,9 +54,9 @@ class Wmt14Task(CorpusTask):
 
     Data: ClassVar[type[TaskData]] = Wmt14Data  # its part of a TrainConfig
 
-    def __init__(self, cfg: TrainConfig, per_step: int = 1):
-        self.prepared = prepare_for(cfg)
-        super().__init__(cfg, per_step, self.prepared.tokenizer, self.prepared.corpus("train"))
+    def load(self, data: Wmt14Data) -> tuple[Tokenizer, object]:
+        self.prepared = prepare_for(data)
+        return self.prepared.tokenizer, self.prepared.corpus("train")
 
     @staticmethod
     def test_sets(cfg: TrainConfig) -> dict:  # name -> () -> [(source, reference)]
