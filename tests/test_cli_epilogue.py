@@ -280,6 +280,10 @@ def test_threads_default_to_the_free_cores_or_omp_num_threads(monkeypatch):
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         torch.set_num_threads(2)
         assert use_threads(ap, None) == 2  # the user's setting stands
+        for wrong in (0, -1, 4 * (os.cpu_count() or 1) + 1, 100_000):  # 100,000: libgomp's
+            with pytest.raises(SystemExit) as stop:  # out-of-memory abort, exit 1, before
+                use_threads(ap, wrong)
+            assert stop.value.code == 2
     finally:
         torch.set_num_threads(before)
 

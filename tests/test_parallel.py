@@ -184,8 +184,12 @@ def test_other_mistakes_get_messages(tmp_path):
     with pytest.raises(DataError, match="no such file"):
         check_pair(tmp_path / "missing.en", tmp_path / "missing.de")
     (tmp_path / "p.tsv").write_text("a\tb\nno tab here\n")
-    with pytest.raises(DataError, match="line 2: 0 tabs"):
+    with pytest.raises(DataError, match="line 2: 0 tabs.*Put a tab between") as missing:
         split_tsv(tmp_path / "p.tsv", tmp_path / "split", ("en", "de"))
+    assert "extra" not in str(missing.value)  # there are none to remove
+    (tmp_path / "q.tsv").write_text("a\tb\tc\n")
+    with pytest.raises(DataError, match="line 1: 2 tabs.*Remove the extra tabs"):
+        split_tsv(tmp_path / "q.tsv", tmp_path / "split", ("en", "de"))
     assert not (tmp_path / "split" / "train.en").exists()  # nothing half-written
     with pytest.raises(DataError, match="holds no prepared.json"):
         load_prepared(tmp_path)

@@ -687,6 +687,7 @@ def test_a_run_that_fails_as_it_starts_leaves_no_folder_behind(tmp_path):
         (["--nproc_per_node", "0"], "--nproc_per_node 0"),
         (["--nproc_per_node", "-1"], "--nproc_per_node -1"),
         (["--nproc_per_node", "abc"], "--nproc_per_node abc"),
+        (["--nproc_per_node", "100000"], "start at most"),  # before: 100,000 trainers started
         (["--nnodes", "0"], "--nnodes 0"),
         (["--nnodes", "3:2"], "--nnodes 3:2"),
     ],

@@ -113,8 +113,10 @@ def use_threads(ap: argparse.ArgumentParser, threads: int | None) -> int:
     beyond the free cores wait on each other, and a busy machine runs slower with more of
     them; CPU processes of one run share the cores, each taking at most its share. The
     results' provenance records the number (`describe_device`)."""
-    if threads is not None and threads < 1:
-        ap.error(f"--threads {threads}: give at least 1, or leave it out")
+    most = 4 * (os.cpu_count() or 1)  # past the cores, threads only wait on each other
+    if threads is not None and not 1 <= threads <= most:
+        ap.error(f"--threads {threads}: give 1 to {most} (this machine has {os.cpu_count()} "
+                 f"cores), or leave it out")  # fmt: skip
     share = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # CPU processes torchrun started here
     if threads is None and share > 1 and not torch.cuda.is_available():
         threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // share))

@@ -55,6 +55,11 @@ def _unusable(argv: list[str]) -> str | None:
     if n not in ("auto", "cpu", "gpu", "xpu") and not (n.isdigit() and int(n) >= 1):
         return (f"--nproc_per_node {n}: give the number of processes on this machine, 1 or "
                 f"more (one per GPU), or auto, gpu or cpu.")  # fmt: skip
+    cores, gpus = os.cpu_count() or 1, torch.cuda.device_count()
+    most = max(gpus, 4 * cores)  # each process holds a model and a task in memory
+    if n.isdigit() and int(n) > most:
+        return (f"--nproc_per_node {n}: this machine has {gpus} GPU(s) and {cores} CPU cores; "
+                f"start at most {most} processes here (one per GPU), or auto.")  # fmt: skip
     nodes = str(args.nnodes).split(":")
     if (
         len(nodes) > 2

@@ -84,12 +84,14 @@ def split_tsv(tsv, out: Path, langs: tuple[str, str]) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(files[0]) as a, atomic_path(files[1]) as b:
         with open(tsv, encoding="utf-8", newline="\n") as f, open(a, "w") as fa, open(b, "w") as fb:
+            fix = ("Put a tab between the source and its translation, or remove the empty line.",
+                   "Remove the extra tabs.")  # fmt: skip
             for number, line in enumerate(f, start=1):
                 fields = line.rstrip("\n").split("\t")
                 if len(fields) != 2:
                     raise DataError(
                         f"{tsv}, line {number}: {len(fields) - 1} tabs where a TSV pair has "
-                        f"one (source, tab, target). Remove the extra tabs or the empty line."
+                        f"one (source, tab, target). {fix[len(fields) > 2]}"
                     )
                 fa.write(fields[0] + "\n")
                 fb.write(fields[1] + "\n")
