@@ -127,6 +127,8 @@ BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         ),  # fmt: skip
         ("task: copy\nmax_steps: 010\n", "octal"),  # YAML 1.1 would read 8
         ("task: copy\nseed: " + "[" * 5000 + "]" * 5000 + "\n", "nest"),
+        ("task: copy\nseed: 1\nseed: 2\n", "mine.yaml: seed is given twice"),  # the last won
+        ("task: copy\nmodel: {N: 1, N: 2}\n", "mine.yaml: N is given twice"),
     ],
 )
 def test_a_configuration_file_cannot_hang_or_crash_a_command(tmp_path, text, said):
@@ -141,6 +143,13 @@ def test_a_configuration_file_cannot_hang_or_crash_a_command(tmp_path, text, sai
     with pytest.raises(ConfigError, match=said):
         build_config(str(path))
     assert time.perf_counter() - start < 5
+
+
+def test_a_json_key_given_twice_is_refused_not_read_as_the_last(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text('{"task": "copy", "optim": {"warmup": 10, "warmup": 20}}')
+    with pytest.raises(ConfigError, match="mine.json: warmup is given twice"):
+        build_config(str(path))
 
 
 def test_a_fifo_a_folder_or_a_huge_file_is_refused_before_it_is_read(tmp_path):

@@ -70,8 +70,23 @@ def _yaml(text: str):
                 )
             return super().construct_yaml_int(node)
 
+        def construct_mapping(self, node, deep=False):
+            _unique([(self.construct_object(key, deep=deep), None) for key, _ in node.value])
+            return super().construct_mapping(node, deep=deep)
+
     Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
     return yaml.load(text, Loader=Loader)
+
+
+def _unique(pairs: list) -> dict:
+    """The mapping of (key, value) `pairs`, refused when a key comes twice: JSON and YAML
+    readers keep the last silently, and the first may be the setting that was meant."""
+    keys = [key for key, _ in pairs]
+    twice = [key for i, key in enumerate(keys) if key in keys[:i]]
+    if twice:
+        raise ConfigError(f"{twice[0]} is given twice in one mapping, and only one can hold; "
+                          f"delete the one that is not meant.")  # fmt: skip
+    return dict(pairs)
 
 
 LARGEST = 1 << 20  # bytes: a configuration is a few kB; a file larger than this is not one
@@ -91,9 +106,10 @@ def _read_config(path: Path) -> dict:
             raise ConfigError(f"--config {path} has {kind.st_size:,} bytes, more than any "
                               f"configuration; {fix}.")  # fmt: skip
         text = path.read_text(encoding="utf-8")
-        raw = json.loads(text) if path.suffix.lower() == ".json" else _yaml(text)
-    except ConfigError:
-        raise
+        json_file = path.suffix.lower() == ".json"
+        raw = json.loads(text, object_pairs_hook=_unique) if json_file else _yaml(text)
+    except ConfigError as e:  # the file's own checks name it; the parser's do not
+        raise e if str(path) in str(e) else ConfigError(f"--config {path}: {e}") from None
     except ImportError:
         raise ConfigError(f"{path}: reading YAML needs PyYAML (pip install pyyaml); or write "
                           f"the configuration as JSON.") from None  # fmt: skip
