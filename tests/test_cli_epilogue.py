@@ -90,6 +90,15 @@ def test_a_file_where_a_folder_is_needed_is_named(capsys, tmp_path):
         ), err
 
 
+def test_a_name_too_long_to_look_up_is_a_message(capsys):
+    """--out with a 5,000-character name: the check for a file in its way raised the system's
+    own OSError (a traceback, exit 1); now the name is too long, and the remedy is a shorter one."""
+    long = "x" * 5000
+    got, err = ended(capsys, raising(OSError(errno.ENAMETOOLONG, "File name too long", long)))
+    assert got == 2 and "File name too long" in err and "choose a shorter name" in err, err
+    assert "Traceback" not in err
+
+
 def test_a_bug_keeps_its_traceback(capsys):
     for bug in (ZeroDivisionError("a bug"), RuntimeError("a bug"), ValueError("a bug")):
         with pytest.raises(type(bug), match="a bug"):

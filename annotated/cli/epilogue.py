@@ -253,12 +253,19 @@ def _no_memory(e: RuntimeError, end: Epilogue) -> str:
     return f"{where} ran out of memory ({said}). {_then('', end.memory)}, then {end.again}."
 
 
+def _is_file(path: Path) -> bool:  # False, not an OSError, for a name too long to look up
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def _cannot_write(e: OSError, end: Epilogue) -> str:
     """The file (or where the command writes, when the error names none), the system's words,
     what is intact, and the remedy the error number calls for."""
     folders = f" ({end.folders})" if end.folders else ""
     path = Path(e.filename or ".")  # a file where the path needs a folder, itself or above it
-    file = next((p for p in (path, *path.parents) if p.is_file()), None)
+    file = next((p for p in (path, *path.parents) if _is_file(p)), None)
     if e.errno in _FULL:
         rest = f"free some space, then {end.again}"
     elif e.errno in (errno.EEXIST, errno.ENOTDIR) and file:
@@ -266,6 +273,8 @@ def _cannot_write(e: OSError, end: Epilogue) -> str:
         return f"{said}. Move the file, or choose another folder{folders}, then {end.again}."
     elif e.errno in _BLOCKED:
         rest = f"make that folder writable, or choose another{folders}, then {end.again}"
+    elif e.errno == errno.ENAMETOOLONG:
+        rest = f"choose a shorter name{folders}, then {end.again}"
     else:
         rest = end.again
     said = f"could not write {e.filename or end.writes}: {e.strerror or e}"
