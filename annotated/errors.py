@@ -35,8 +35,8 @@ def refuse_broken(rules) -> None:
     """Refuse the first rule that does not hold; a rule is (holds, key, why), key as in --set."""
     for holds, key, why in rules:
         if not holds:
-            first = key.split(",")[0]
-            raise ConfigError(f"{key}: {why}. Change it with --set {first}=VALUE.")
+            how = f"--set {key}=VALUE" if "," not in key else "--set KEY=VALUE for one of them"
+            raise ConfigError(f"{key}: {why}. Change it with {how}.")
 
 
 # %% ../notebooks/17_trainer_configuration.ipynb #c002

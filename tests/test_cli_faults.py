@@ -101,6 +101,7 @@ def test_a_model_larger_than_the_machine_is_named_as_a_setting_not_a_busy_machin
                     "--out", str(tmp_path / "huge"), check=False)  # fmt: skip
     message = error_of(r)
     assert "the weights alone need" in message and "d_ff" in message, message
+    assert "--set KEY=VALUE for one of them" in message  # not model.N's alone: d_ff is the one
     state = torch.load(copy_run / "checkpoints/ckpt_00000004.pt", weights_only=True)
     state["config"]["model"]["max_len"] = 10**11
     crafted = tmp_path / "crafted/checkpoints/ckpt_00000004.pt"
