@@ -18,7 +18,7 @@ from annotated.batching import BOS, EOS, PAD, BucketSampler
 from annotated.errors import ConfigError, TrainingError
 from annotated.experiments.throughput import measure_throughput
 from annotated.training.config import micro_batches_per_process
-from annotated.training.launch import launch, slurm_script, torchrun_command
+from annotated.training.jobs import launch, slurm_script, torchrun_command
 from annotated.training.registry import build_config
 from annotated.training.task import TASKS
 
