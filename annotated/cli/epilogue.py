@@ -7,6 +7,7 @@ __all__ = [
     "TERMINATED",
     "PIPE_CLOSED",
     "EXIT_CODES",
+    "PER_CORE",
     "Terminated",
     "command_parser",
     "add_compute_options",
@@ -43,6 +44,7 @@ INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a program that Ctrl-
 TERMINATED = 143  # 128 + SIGTERM: a command that does not save and stop, ended by `kill`
 PIPE_CLOSED = 141  # 128 + SIGPIPE: the reader of its output went away, as `| head` does
 EXIT_CODES = "ANNOTATED_EXIT_CODES"  # a folder for the codes of a launched run's processes
+PER_CORE = 4  # threads, or CPU processes, worth starting per core: more only wait on each other
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a disk, a quota, a file-size limit
 _BLOCKED = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST)
 
@@ -113,7 +115,7 @@ def use_threads(ap: argparse.ArgumentParser, threads: int | None) -> int:
     beyond the free cores wait on each other, and a busy machine runs slower with more of
     them; CPU processes of one run share the cores, each taking at most its share. The
     results' provenance records the number (`describe_device`)."""
-    most = 4 * (os.cpu_count() or 1)  # past the cores, threads only wait on each other
+    most = PER_CORE * (os.cpu_count() or 1)
     if threads is not None and not 1 <= threads <= most:
         ap.error(f"--threads {threads}: give 1 to {most} (this machine has {os.cpu_count()} "
                  f"cores), or leave it out")  # fmt: skip

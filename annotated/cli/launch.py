@@ -19,7 +19,7 @@ from torch.distributed.run import parse_args
 
 from .. import __version__
 from ..errors import Preempted
-from .epilogue import EXIT_CODES
+from .epilogue import EXIT_CODES, PER_CORE
 from .starting import ready
 
 
@@ -56,7 +56,7 @@ def _unusable(argv: list[str]) -> str | None:
         return (f"--nproc_per_node {n}: give the number of processes on this machine, 1 or "
                 f"more (one per GPU), or auto, gpu or cpu.")  # fmt: skip
     cores, gpus = os.cpu_count() or 1, torch.cuda.device_count()
-    most = max(gpus, 4 * cores)  # each process holds a model and a task in memory
+    most = max(gpus, PER_CORE * cores)  # each process holds a model and a task in memory
     if n.isdigit() and int(n) > most:
         return (f"--nproc_per_node {n}: this machine has {gpus} GPU(s) and {cores} CPU cores; "
                 f"start at most {most} processes here (one per GPU), or auto.")  # fmt: skip
