@@ -3,6 +3,7 @@
 # %% auto #0
 __all__ = [
     "average_state_dicts",
+    "RETIRED",
     "recorded_model",
     "model_settings",
     "CHECKPOINT_NAME",
@@ -80,38 +81,38 @@ from dataclasses import fields
 from .errors import ConfigError, fits
 from .model import ModelConfig
 
+RETIRED = {"attn_dropout": 0.0, "ffn_dropout": 0.0}  # removed options, read at these values
+
 
 def recorded_model(saved: dict) -> ModelConfig:
-    """The model that a checkpoint or run.json recorded, this version's defaults filling what
-    it leaves out."""
+    """The model a record describes, this version's defaults filling what it leaves out."""
     return ModelConfig(**model_settings(saved))
 
 
 def model_settings(saved: dict) -> dict:
-    """The model settings of a record, checked but not built. A setting this version does not
-    have is refused, since it would build another model than the one trained, and so is a
-    setting of the wrong kind."""
+    """The model settings of a record, checked but not built (see below)."""
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
         raise ConfigError(
             f"the recorded configuration is not a mapping of settings with a model "
             f"({type(saved).__name__}): the file was damaged, or not written by this code. "
             f"Name another checkpoint or run."
         )
-    newer = sorted(set(saved["model"]) - {f.name for f in fields(ModelConfig)})
+    model = {k: v for k, v in saved["model"].items() if RETIRED.get(k, ...) != v}
+    newer = sorted(set(model) - {f.name for f in fields(ModelConfig)})
     if newer:
         raise ConfigError(
             f"the record's model has settings this version of the code does not know "
-            f"({', '.join(newer)}): it was written by a newer version. Install that version "
-            f"(pip install -U annotated-transformer-book) to use it."
+            f"({', '.join(f'{k}={model[k]!r}' for k in newer)}): another version wrote it, "
+            f"a newer one or one with an option since removed. Install that one to use it."
         )
     defaults = {f.name: f.default for f in fields(ModelConfig)}
-    wrong = [f"{k}={v!r}" for k, v in saved["model"].items() if not fits(v, defaults[k])]
+    wrong = [f"{k}={v!r}" for k, v in model.items() if not fits(v, defaults[k])]
     if wrong:
         raise ConfigError(
             f"the record's model has settings of the wrong kind ({', '.join(wrong)}): the file "
             f"was damaged, or not written by this code. Name another checkpoint or run."
         )
-    return saved["model"]
+    return model
 
 
 # %% ../notebooks/19_checkpoints.ipynb #c002c

@@ -10,6 +10,7 @@ __all__ = [
     "ChecksumError",
     "Diverged",
     "Preempted",
+    "Terminated",
     "optional_package",
     "out_of_memory",
     "memory_bytes",
@@ -67,6 +68,11 @@ class Preempted(TrainingError):
     """A run asked to stop (SIGTERM, SIGUSR1) that saved its step first: resume it."""
 
     exit_code = 75  # EX_TEMPFAIL: try again later; a requeued job continues with --resume
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that it ends as Ctrl-C ends it: its temporary
+    files removed, what it kept said. A trainer that has begun its steps saves one instead."""
 
 
 def optional_package(name: str, extra: str, leave_out: str = ""):

@@ -110,8 +110,6 @@ class ModelConfig:
     h: int = 8  # attention heads; d_k = d_v = d_model / h
     d_k: int = 0  # query and key size per head when not d_model / h (Table 3 row B); 0: d_model / h
     dropout: float = 0.1  # P_drop: residual and embedding dropout (paper 5.4)
-    attn_dropout: float = 0.0  # not in the paper: dropout on attention weights
-    ffn_dropout: float = 0.0  # not in the paper: dropout inside the FFN
     share_embeddings: bool = True  # three-way sharing (paper 3.4) when vocabularies match
     norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm
     learned_positions: bool = False  # False: sinusoid (paper 3.5); True: learned (Table 3 row E)
@@ -125,10 +123,7 @@ class ModelConfig:
                     for k in ("N", "d_model", "d_ff")
                 ],
                 (self.d_k >= 0, "model.d_k", "must be 0 (d_model / h) or a positive size"),
-                *[
-                    (0 <= getattr(self, k) < 1, f"model.{k}", "a dropout rate, must lie in [0, 1)")
-                    for k in ("dropout", "attn_dropout", "ffn_dropout")
-                ],
+                (0 <= self.dropout < 1, "model.dropout", "a dropout rate, must lie in [0, 1)"),
                 (
                     self.max_len >= 3,
                     "model.max_len",
@@ -165,8 +160,8 @@ def make_model(src_vocab: int, tgt_vocab: int, **options: Any) -> EncoderDecoder
         if size < 1:
             raise ValueError(f"make_model: {name} must be a positive integer, got {size}.")
     c = copy.deepcopy
-    attn = MultiHeadedAttention(h, d_model, cfg.attn_dropout, d_k=cfg.d_k)
-    ff = PositionwiseFeedForward(d_model, d_ff, cfg.ffn_dropout)
+    attn = MultiHeadedAttention(h, d_model, d_k=cfg.d_k)  # no dropout on attention weights
+    ff = PositionwiseFeedForward(d_model, d_ff)  # nor inside the FFN
     Position = LearnedPositionalEncoding if learned_positions else PositionalEncoding
     position = Position(d_model, dropout, cfg.max_len)
     encoder = Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout, norm_first=norm_first), N)

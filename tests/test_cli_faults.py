@@ -267,11 +267,28 @@ def test_checkpoints_of_an_older_or_newer_format_get_messages(copy_run, tmp_path
     older = {k: v for k, v in state.items() if k != "config"}
     newer = {**state, "config": {**state["config"], "model": {**state["config"]["model"]}}}
     newer["config"]["model"]["rotary"] = True  # a model setting this version does not have
-    for record, says in [(older, "no config"), (newer, "newer version")]:
+    for record, says in [(older, "no config"), (newer, "another version wrote it")]:
         path = tmp_path / f"{says.replace(' ', '-')}.pt"
         torch.save(record, path)
         message = error_of(command("translate", "--checkpoint", path, stdin="3 4\n"))
         assert says in message, message
+
+
+def test_a_checkpoint_with_a_retired_model_setting_reads_at_its_old_default(copy_run, tmp_path):
+    """Records written while the model had attn_dropout and ffn_dropout carry both at 0.0:
+    such a checkpoint translates as it did; one trained with either switched on is refused."""
+    path = copy_run / "checkpoints/ckpt_00000004.pt"
+    state = torch.load(path, weights_only=True)
+    expected = command("translate", "--checkpoint", path, stdin="3 4 5\n")
+    for value, ok in [(0.0, True), (0.1, False)]:
+        model = {**state["config"]["model"], "attn_dropout": value, "ffn_dropout": 0.0}
+        earlier = tmp_path / f"earlier-{value}.pt"
+        torch.save({**state, "config": {**state["config"], "model": model}}, earlier)
+        done = command("translate", "--checkpoint", earlier, stdin="3 4 5\n")
+        if ok:
+            assert done.returncode == 0 and done.stdout == expected.stdout, done.stderr
+        else:
+            assert "(attn_dropout=0.1)" in error_of(done) and "since removed" in error_of(done)
 
 
 def test_a_cache_that_cannot_be_written_names_the_folder_and_the_variable(tmp_path):

@@ -4,10 +4,12 @@ token budget, and the sources and targets carry their markers."""
 
 import random
 
+import pytest
 import torch
 
 from annotated.batching import BOS, EOS, PAD
 from annotated.data.tokenizer import IdTokenizer
+from annotated.errors import ConfigError
 from annotated.training.corpus_task import CorpusTask, TokenPairs
 from annotated.training.registry import build_config
 from annotated.training.tasks.multi30k import Multi30kData
@@ -66,3 +68,14 @@ def test_a_micro_batch_is_the_same_whenever_and_wherever_it_is_asked_for():
     for step, index in [(0, 0), (3, 1), (40, 1), (17, 0)]:
         a, b = fresh.micro_batch(step, index), late.micro_batch(step, index)
         assert torch.equal(a.src, b.src) and torch.equal(a.tgt_y, b.tgt_y)
+
+
+def test_batches_that_hold_no_pair_are_refused_rather_than_awaited():
+    """batch.max_tokens (or model.max_len) below the shortest pair would leave every epoch
+    empty, and the trainer would look for its first micro-batch forever: refused, with the
+    length the shortest pair needs."""
+    c = corpus()  # a source with </s>, a target with <s> and </s>
+    need = min(max(len(s) + 1, len(t) + 2) for s, t in zip(c.sources, c.targets))
+    with pytest.raises(ConfigError, match=rf"max_tokens={need - 1}, .*shortest needs {need} "):
+        task(max_tokens=need - 1)
+    assert len(task(max_tokens=need).epoch(0)) >= 1

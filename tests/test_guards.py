@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from annotated.checkpoints import checkpoint_paths
+from annotated.errors import Terminated
 from annotated.files import atomic_path, lock_holder, lock_out_dir
 from annotated.training.distributed import StopRequests
 
@@ -71,6 +72,9 @@ def test_stop_requests_note_sigterm_and_sigusr1_then_give_the_handlers_back():
     try:
         with StopRequests() as stop:
             os.kill(os.getpid(), signal.SIGUSR1)  # SLURM's --signal, ahead of the time limit
+            with pytest.raises(Terminated):  # nothing trained yet: stop at once
+                os.kill(os.getpid(), signal.SIGTERM)
+            stop.saving = True  # the steps have begun: note it, save a step, then stop
             os.kill(os.getpid(), signal.SIGTERM)
         assert stop.received == ["SIGUSR1", "SIGTERM"]
         assert signal.getsignal(signal.SIGTERM) is mine

@@ -178,7 +178,7 @@ def test_config_dataclass_round_trips():
         (dict(d_model=30, h=2, learned_positions=False), None),
         (dict(N=0), "model.N: must be at least 1. Change it with --set model.N=VALUE"),
         (dict(d_ff=0), "model.d_ff: must be at least 1. Change it with --set model.d_ff=VALUE"),
-        (dict(ffn_dropout=1.0), "model.ffn_dropout: a dropout rate, must lie in"),
+        (dict(dropout=1.0), "model.dropout: a dropout rate, must lie in"),
     ],
 )
 def test_bad_configurations(kwargs, fragment):
@@ -206,8 +206,6 @@ def test_defaults_are_the_papers_base_model():
         h=8,
         d_k=0,  # d_model / h
         dropout=0.1,
-        attn_dropout=0.0,
-        ffn_dropout=0.0,
         share_embeddings=True,
         norm_first=False,
         learned_positions=False,

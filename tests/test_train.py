@@ -569,6 +569,35 @@ def test_only_the_trainers_checkpoints_count_and_each_must_be_this_runs(tmp_path
     assert (folder / "ckpt_00000005.pt").exists()  # nothing of the run was pruned for it
 
 
+def test_sigterm_while_a_run_prepares_its_data_stops_it_at_once(tmp_path):
+    """Before the first step there is nothing to save: a SIGTERM while the task prepares its
+    data (tests/tiny_tasks/slow_start.py, a minute) ends the run within seconds with 143, and
+    the folder it had just made is gone."""
+    config, out = tmp_path / "slow.json", tmp_path / "run"
+    model = {"N": 1, "d_model": 16, "d_ff": 32, "h": 2}
+    config.write_text(json.dumps({"task": "tiny_tasks.slow_start", "model": model,
+                                  "precision": "fp32", "max_steps": 5}))  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "annotated.cli.train", "--no-progress", "--config", str(config),
+         "--out", str(out)], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while not (out / "trainer.lock").exists() and proc.poll() is None:
+            assert time.time() < deadline, "the run never started"
+            time.sleep(0.05)
+        time.sleep(0.5)  # inside the task's preparation
+        signalled = time.time()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert time.time() - signalled < 15 and proc.returncode == 143, (proc.returncode, err)
+    assert "terminated (SIGTERM)" in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
 def test_sigterm_saves_the_step_it_finished_and_the_run_resumes_exactly(tmp_path):
     """What SLURM and Kubernetes send before a kill: the trainer finishes its step, saves it,
     says how to continue and exits with its own code (75); the resumed run equals one that was

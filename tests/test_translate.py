@@ -375,7 +375,7 @@ def test_translating_imports_only_what_it_needs(checkpoint, tmp_path, task):
         ({"config": "multi30k"}, "holds config of the wrong kind"),
         ({"config": {"model": {"d_model": "16"}}}, "wrong kind (d_model='16')"),
         ({"config": {"model": {"N": 1.5, "norm_first": 0}}}, "wrong kind (N=1.5, norm_first=0)"),
-        ({"config": {"model": {"newer": 1}}}, "does not know (newer)"),
+        ({"config": {"model": {"newer": 1}}}, "does not know (newer=1)"),
         ({"tokenizer": 5}, "holds tokenizer of the wrong kind"),
         ({"tokenizer_model": 5}, "carries a damaged tokenizer"),
     ],

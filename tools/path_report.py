@@ -37,9 +37,10 @@ MENTION = re.compile(
 LABEL = re.compile(ONE)
 LINK = re.compile(r"!?\[[^\]]*\]\([^)]*\)")
 TARGET = re.compile(r"\]\(([^)\s#]+?)\.ipynb(?:#[^)]*)?\)")
-# The appendix's chart and figure helpers (chapter A6) and `glue` may serve any chapter.
+# The appendix's chart and figure helpers (chapter A6), and `glue` and `committed_run`, which
+# store a figure and read a committed run (A9), may serve any chapter.
 EXEMPT = {"A6_charts_and_figures"}
-EXEMPT_NAMES = {("experiments.book_runs", "glue")}
+EXEMPT_NAMES = {("experiments.book_runs", "glue"), ("experiments.book_runs", "committed_run")}
 
 
 @functools.cache

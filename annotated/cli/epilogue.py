@@ -8,7 +8,6 @@ __all__ = [
     "PIPE_CLOSED",
     "EXIT_CODES",
     "PER_CORE",
-    "Terminated",
     "command_parser",
     "add_compute_options",
     "add_import_option",
@@ -36,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import __version__
-from ..errors import ExpectedError, Preempted, memory_bytes, out_of_memory
+from ..errors import ExpectedError, Preempted, Terminated, memory_bytes, out_of_memory
 from .starting import ready
 
 EXPECTED = 2  # an error the reader can fix, as argparse exits for a bad command line
@@ -47,11 +46,6 @@ EXIT_CODES = "ANNOTATED_EXIT_CODES"  # a folder for the codes of a launched run'
 PER_CORE = 4  # threads, or CPU processes, worth starting per core: more only wait on each other
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a disk, a quota, a file-size limit
 _BLOCKED = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the command is, so that it ends as Ctrl-C ends it: its temporary
-    files removed, what it kept said. A trainer notes SIGTERM itself, to save and stop."""
 
 
 def _terminate(signum, frame) -> None:

@@ -196,7 +196,7 @@ def marian_config(model, cfg):
         decoder_ffn_dim=first.feed_forward.w_1.out_features,
         encoder_attention_heads=first.self_attn.h, decoder_attention_heads=first.self_attn.h,
         activation_function="relu", scale_embedding=True, dropout=m.dropout,
-        attention_dropout=m.attn_dropout, activation_dropout=m.ffn_dropout,
+        attention_dropout=0.0, activation_dropout=0.0,  # the paper drops neither (chapter 5)
         pad_token_id=lut.num_embeddings - 1, bos_token_id=BOS - 1, eos_token_id=EOS - 1,
         decoder_start_token_id=BOS - 1, forced_eos_token_id=None,
         share_encoder_decoder_embeddings=shared,

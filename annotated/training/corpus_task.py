@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..batching import BOS, EOS, Batch, BucketSampler, make_batch
+from ..errors import ConfigError
 from .config import TaskData, TrainConfig, task_data
 
 
@@ -25,9 +26,8 @@ class TokenPairs:
         return len(self.sources)
 
     def lengths(self) -> np.ndarray:  # (pairs, 2)
-        return np.array([[len(s), len(t)] for s, t in zip(self.sources, self.targets)]).reshape(
-            -1, 2
-        )
+        pairs = zip(self.sources, self.targets)
+        return np.array([[len(s), len(t)] for s, t in pairs]).reshape(-1, 2)
 
     def pair(self, i: int) -> tuple[list[int], list[int]]:
         return self.sources[i], self.targets[i]
@@ -57,6 +57,11 @@ class CorpusTask:
         self.sampler = BucketSampler(
             self.lengths, budget, b.max_tokens, max_len=cfg.model.max_len, seed=cfg.seed
         )  # the batch settings stop here: a task's `load` never sees them
+        if len(self.lengths) and not len(self.sampler.kept):  # else it would wait forever
+            need = int(self.lengths.max(1).min())
+            raise ConfigError(f"batch.max_tokens={b.max_tokens}, model.max_len={cfg.model.max_len}"
+                              f": no pair fits, the shortest needs {need} tokens a side; set "
+                              f"both to at least {need}.")  # fmt: skip
         self._sizes: list[int] = []  # micro-batches in each epoch met so far
         self._epoch: tuple[int, list[np.ndarray]] = (-1, [])
 

@@ -57,18 +57,22 @@ def all_sum(value: float, world: int, device) -> float:
 import signal
 import threading
 
+from ..errors import Terminated
+
 
 class StopRequests:
     """While a run trains, SIGTERM (what SLURM and Kubernetes send before they kill a job) and
     SIGUSR1 (what SLURM's --signal sends ahead of the time limit) are noted instead of killing
-    the process, so that the loop can finish its step, save it and stop. Outside the main
-    thread, where Python cannot catch signals, it notes nothing."""
+    the process, so that the loop can finish its step, save it and stop. Until the loop sets
+    `saving`, nothing is trained to save: SIGTERM then stops the run at once (Terminated).
+    Outside the main thread, where Python cannot catch signals, it notes nothing."""
 
     SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGUSR1") if hasattr(signal, n))
 
     def __init__(self):
         self.received: list[str] = []
         self._before: dict = {}
+        self.saving = False  # set as the steps begin
 
     def __enter__(self) -> "StopRequests":
         if threading.current_thread() is threading.main_thread():
@@ -80,6 +84,8 @@ class StopRequests:
             signal.signal(s, handler)
 
     def _note(self, signum, frame) -> None:
+        if signum == signal.SIGTERM and not self.saving:  # preparing data, building the model
+            raise Terminated
         self.received.append(signal.Signals(signum).name)
 
     def agreed(self, world: int, device) -> bool:

@@ -110,8 +110,7 @@ def build_config(name: str, overrides=()) -> TrainConfig:
 
 # %% ../../notebooks/18_tasks_and_registry.ipynb #c009u3
 def _flat_record(saved: dict) -> dict[str, Any]:
-    """A record's settings by their --set keys, whichever layout wrote it: the batch and the
-    loss inside `optim`, or (the oldest) every key at the top, the data scale called "data"."""
+    """A record's settings by their --set keys, whichever layout wrote it (see below)."""
     if "optim" in saved:
         optim, data = saved["optim"], saved.get("data", {})
     else:
@@ -123,9 +122,8 @@ def _flat_record(saved: dict) -> dict[str, Any]:
 
 
 def config_from_record(saved: dict) -> TrainConfig:
-    """The TrainConfig that a checkpoint or run.json recorded, in any of its layouts: its model
-    as `model_settings` reads it, every setting checked as --set's are, unknown keys dropped."""
-    model_settings(saved)  # a record with a model this version can build, or refused
+    """The TrainConfig that a checkpoint or run.json recorded, in any of its layouts."""
+    model_settings(saved)  # a model this code builds, or refused
     layered = "optim" in saved  # the oldest layout kept the data's scale, as text, at the top
     wrong = [k for k in ("data", *PARTS) if k in saved and not isinstance(saved[k], dict)]
     if wrong and (layered or wrong != ["data"]):

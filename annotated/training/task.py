@@ -51,8 +51,8 @@ class Task(Protocol):
 
 # %% ../../notebooks/18_tasks_and_registry.ipynb #c009t
 class Tasks(Mapping):
-    """Each task by its name, imported when it is looked up: "copy" is the TASK of the module
-    annotated.training.tasks.copy; a name with a dot is a module of your own."""
+    """Each task by its name, imported when looked up: "copy" is the TASK of
+    annotated.training.tasks.copy; a name with a dot, a module of your own."""
 
     def __getitem__(self, name: str) -> type[Task]:
         module = name if "." in name else f"annotated.training.tasks.{name}"
@@ -71,18 +71,16 @@ class Tasks(Mapping):
         return found
 
     def recorded(self, name: object) -> type[Task]:
-        """The task a record names (a checkpoint, a run.json): one of the book's, or a module
-        of your own that this process has already imported. A record never makes the code
-        import a module: a checkpoint from elsewhere could name any module on the path."""
+        """The task a record names: one of the book's, or a module this process imported. A
+        record never makes the code import one: it could name any module on the path."""
         book = list(self)
         if isinstance(name, str) and (name in book or ("." in name and name in sys.modules)):
             return self[name]
         raise ConfigError(
-            f"the record names the task {name!r}, which is not one of the book's tasks "
-            f"({', '.join(book)}) nor a module imported by this process: reading a checkpoint "
-            f"or run.json never imports the code it names. For a task of your own, import its "
-            f"module first: --import mypackage.mytask (translate, evaluate, export), or its "
-            f"configuration for train (--config, or --set task=mypackage.mytask)."
+            f"the record names the task {name!r}, neither one of the book's ({', '.join(book)}) "
+            f"nor a module this process imported: reading a record never imports the code it "
+            f"names. Import your task's module first: --import mypackage.mytask (translate, "
+            f"evaluate, export), or name it in train's --config or --set task=mypackage.mytask."
         )
 
     def __iter__(self) -> Iterator[str]:  # the book's tasks: the modules of training/tasks/

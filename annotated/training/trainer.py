@@ -293,6 +293,7 @@ def _train_locked(
     earlier = run.seconds  # what a resumed run had trained before
     time_up = out_of_time(cfg, run.seconds, world, device)
     run.model.train()
+    stop.saving = True
     try:
         while run.step < cfg.max_steps and not time_up:
             loss, lr, tokens, norm = run_step(run, model, cfg, rank, world, device, batches)
@@ -302,9 +303,8 @@ def _train_locked(
             run.seconds = earlier + time.time() - log.start
             time_up = out_of_time(cfg, run.seconds, world, device)
             skipped = precision.skipped if precision.scaler else None
-            log.update(
-                run.step, loss, lr, tokens, skipped, norm, waited=batches.waited, last=time_up
-            )
+            log.update(run.step, loss, lr, tokens, skipped, norm, waited=batches.waited,
+                       last=time_up)  # fmt: skip
             if rank == 0 and (time_up or checkpoint_due(cfg, run.step, last_time)):
                 last_path, last_time = checkpoint_run(out, run, cfg, world, dev, log), time.time()
             if cfg.patience and (reason := stopping_early(dev, world, device)):
