@@ -3,6 +3,8 @@ or trains; nothing in between ends in a traceback or takes the machine's memory.
 
 from pathlib import Path
 
+import pytest
+
 from annotated.errors import ConfigError, ExpectedError
 from annotated.training.config import apply_overrides, settings_of
 from annotated.training.registry import build_config
@@ -75,3 +77,13 @@ def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(tmp_path)
         assert "131,072 micro-batches a step" in str(e), str(e)
     else:
         raise AssertionError("131,072 micro-batches a step were held in memory")
+
+
+def test_digits_of_other_scripts_are_refused_rather_than_read_as_numbers():
+    """Python reads int("٣") as 3 and float("１.５") as 1.5: a setting written so is refused, as a
+    reader of the command line or the file would not take it for that number."""
+    base = build_config("copy")
+    for key, text in [("max_steps", "٣"), ("max_steps", "1٣"), ("optim.lr_factor", "１.５")]:
+        with pytest.raises(ConfigError, match=f"{key}={text}: {key} expects a value of type"):
+            apply_overrides(base, [f"{key}={text}"])
+    assert apply_overrides(base, ["max_steps=3"]).max_steps == 3

@@ -719,6 +719,9 @@ def test_a_run_that_fails_as_it_starts_leaves_no_folder_behind(tmp_path):
         (["--nproc_per_node", "100000"], "start at most"),  # before: 100,000 trainers started
         (["--nnodes", "0"], "--nnodes 0"),
         (["--nnodes", "3:2"], "--nnodes 3:2"),
+        (["--max_restarts", "-1"], "max_restarts must be >= 0"),  # torchrun's own refusals
+        (["--monitor-interval", "-5"], "a value out of its range"),
+        (["--nnodes", "2", "--rdzv_endpoint", "::::"], "port number of the rendezvous endpoint"),
     ],
 )
 def test_the_launcher_checks_its_own_numbers_before_torchrun_sees_them(tmp_path, flags, said):

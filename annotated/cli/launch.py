@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         except ChildFailedError as e:  # a process failed, and torchrun has ended the others
             rank, failure = e.get_first_failure()
             return _failed(_codes(Path(folder)), rank, failure.exitcode)
+        except (AssertionError, ValueError) as e:  # how torchrun refuses an option's value
+            why = str(e) or "a value out of its range"
+            print(f"error: torchrun cannot start with these options ({why}); correct the "
+                  f"option (python -m annotated.cli.launch --help).", file=sys.stderr)  # fmt: skip
+            return 2
     return 0
 
 

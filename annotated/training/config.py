@@ -252,6 +252,8 @@ def _value(where: str, key: str, value, current):
         words = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False,
                  "no": False, "off": False}  # fmt: skip
         try:
+            if not value.isascii():  # int("٣") is 3: only ASCII digits are numbers here
+                raise ValueError
             value = words[value.lower()] if kind is bool else kind(value)
         except (KeyError, ValueError):
             value = None
