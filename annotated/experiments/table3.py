@@ -81,19 +81,17 @@ from pathlib import Path
 
 import torch
 
-from ..batching import BOS, EOS, PAD, make_batch
 from ..beam import ALPHA, BEAM_SIZE
 from ..checkpoints import checkpoint_paths, checkpoint_step
 from ..data.multi30k import load_multi30k
 from ..errors import ConfigError, Diverged
 from ..evaluation.translation import load_model, score
 from ..files import write_text_atomic
-from ..loss import LabelSmoothing
 from ..precision import fast_decoding
 from ..provenance import provenance
 from ..training.registry import build_config
 from ..training.trainer import train
-from ..training_step import loss_on_batch
+from ..training.validation import dev_loss
 
 
 # %% ../../notebooks/A3_command_lines.ipynb #a3-t3-dev
@@ -102,23 +100,14 @@ def dev_scores(run_dir, *, sentences: int | None = None, beam_size: int = BEAM_S
     """Perplexity and sacreBLEU of a Multi30k run's last checkpoint on the validation split."""
     model, tokenizer, _ = load_model(checkpoint_paths(Path(run_dir))[-1:])
     pairs = load_multi30k("val")
-    nll = LabelSmoothing(tokenizer.vocab_size, PAD, 0.0)  # smoothing 0: the log-likelihood
-    total = tokens = 0.0
-    for k in range(0, len(pairs), 128):
-        chunk = pairs[k : k + 128]
-        batch = make_batch(
-            [tokenizer.encode(s) + [EOS] for s, _ in chunk],
-            [[BOS] + tokenizer.encode(t) + [EOS] for _, t in chunk],
-        )
-        total += loss_on_batch(model, batch, nll).item()
-        tokens += batch.ntokens
+    loss = dev_loss(model, tokenizer, pairs, batch_size=128)  # validation's (chapter 21)
     scored = pairs[:sentences] if sentences else pairs
     with fast_decoding(model):
         result = score(model, tokenizer, scored, beam_size=beam_size, alpha=ALPHA)
     samples = [[*pair, hyp] for pair, hyp in zip(scored[:3], result["translations"])]
     parameters = sum(p.numel() for p in model.parameters())
     return {
-        "perplexity": math.exp(total / tokens),
+        "perplexity": math.exp(loss),
         "bleu": result["sacrebleu"],
         "parameters": parameters,
         "samples": samples,  # the first three: [source, reference, translation]

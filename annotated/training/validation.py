@@ -5,6 +5,7 @@ __all__ = [
     "BEST",
     "best_step",
     "dev_pairs",
+    "dev_loss",
     "validate",
     "Validator",
     "stopping_early",
@@ -50,21 +51,35 @@ def dev_pairs(cfg: TrainConfig) -> list[tuple[str, str]]:
     return dev_set(cfg)[: cfg.valid_sentences]
 
 
+def _sources(model, tokenizer, chunk) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = model.src_embed[1].max_len  # the positional encoding's length: room to decode
+    batch = make_batch([tokenizer.encode(s)[: longest - 52] + [EOS] for s, _ in chunk])
+    device = next(model.parameters()).device
+    return batch.src.to(device), batch.src_mask.to(device)
+
+
 @torch.no_grad()
-def validate(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 64) -> dict:
-    """Dev loss (cross-entropy per target token, </s> included, without label smoothing) and
-    the sacreBLEU of greedy translations. Uses no random numbers, so a run resumes exactly."""
-    started, training = time.time(), model.training
-    longest = model.src_embed[1].max_len  # the positional encoding's length
-    nll, tokens, hyps = 0.0, 0, []
-    model.eval()
+def dev_loss(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 64) -> float:
+    """Cross-entropy per target token of `pairs`, </s> included, without label smoothing:
+    validation's dev loss, and the log of Table 3's perplexity (appendix A3)."""
+    nll, tokens = 0.0, 0
     for k in range(0, len(pairs), batch_size):
-        chunk = pairs[k : k + batch_size]
-        batch = make_batch([tokenizer.encode(s)[: longest - 52] + [EOS] for s, _ in chunk])
-        targets = [tokenizer.encode(t)[: longest - 1] for _, t in chunk]
-        src, mask = (t.to(next(model.parameters()).device) for t in (batch.src, batch.src_mask))
+        src, mask = _sources(model, tokenizer, chunk := pairs[k : k + batch_size])
+        targets = [tokenizer.encode(t)[: model.src_embed[1].max_len - 1] for _, t in chunk]
         nll -= float(sequence_log_prob(model, src, mask, targets, BOS, EOS).sum())
         tokens += sum(len(t) + 1 for t in targets)
+    return nll / tokens
+
+
+@torch.no_grad()
+def validate(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 64) -> dict:
+    """Dev loss (`dev_loss`) and the sacreBLEU of greedy translations. Uses no random
+    numbers, so a run resumes exactly."""
+    started, training, hyps = time.time(), model.training, []
+    loss = dev_loss(model, tokenizer, pairs, batch_size)
+    model.eval()
+    for k in range(0, len(pairs), batch_size):
+        src, mask = _sources(model, tokenizer, pairs[k : k + batch_size])
         ys = greedy_decode(model, src, mask, src.size(1) + 51, BOS, end_symbol=EOS)
         hyps += [tokenizer.decode(_until_end(row[1:])) for row in ys.tolist()]
     model.train(training)
@@ -72,7 +87,7 @@ def validate(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 6
 
     bleu = sacrebleu_score(hyps, [t for _, t in pairs])[0]
     seconds = time.time() - started
-    return dict(dev_loss=nll / tokens, dev_bleu=bleu, dev_sentences=len(pairs), dev_s=seconds)
+    return dict(dev_loss=loss, dev_bleu=bleu, dev_sentences=len(pairs), dev_s=seconds)
 
 
 def _until_end(ids: list[int]) -> list[int]:
