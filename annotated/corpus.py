@@ -30,7 +30,7 @@ class Corpus(Protocol):
     def tokenizer(self) -> TokenizerLike: ...
 
 
-CORPORA = {"multi30k": "annotated.data.multi30k"}  # name -> the module that provides CORPUS
+CORPORA = {"multi30k": "annotated.data.multi30k_corpus"}  # name -> the module that provides CORPUS
 
 
 def load_corpus(name: str) -> Corpus:

@@ -149,7 +149,7 @@ def main(argv=None) -> int:
 
 def summarise(measured: dict, n: int, references) -> dict:
     """name -> beam -> speed, spread, agreement with the book and sacreBLEU."""
-    from annotated.bleu import sacrebleu_score
+    from annotated.bleu_scores import sacrebleu_score
 
     results: dict = {}
     for beam in (1, 4):

@@ -218,7 +218,7 @@ def test_the_committed_rows_counted_the_parameters_their_settings_build():
     from dataclasses import asdict
     from pathlib import Path
 
-    from annotated.data.multi30k import MULTI30K_VOCAB
+    from annotated.data.multi30k_corpus import MULTI30K_VOCAB
     from annotated.model import count_parameters, make_model
 
     committed = sorted(Path(__file__).parent.parent.glob("results/ablations/*/*.json"))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from annotated.bleu import sacrebleu_score
+from annotated.bleu_scores import sacrebleu_score
 from annotated.evaluation.analysis import (
     bleu_by_group,
     dropped_numbers,

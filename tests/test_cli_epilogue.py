@@ -241,10 +241,16 @@ def test_every_command_says_its_version(capsys):
     )
 
 
-def test_ctrl_c_while_a_command_imports_pytorch_ends_it_without_a_traceback(tmp_path):
+SIGNALS_AT_START = [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated (SIGTERM)")]
+
+
+@pytest.mark.parametrize("name, code, said", SIGNALS_AT_START)
+def test_ctrl_c_while_a_command_imports_pytorch_ends_it_without_a_traceback(
+    tmp_path, name, code, said
+):
     """`python -m annotated.cli.NAME` spends its first second or two importing PyTorch, before
-    run_command is there to catch Ctrl-C: the command lines' package, imported first, makes it
-    end quietly too. The signal comes while torch's library is being loaded."""
+    run_command is there to catch Ctrl-C or `kill`: the command lines' package, imported first,
+    makes it end quietly too. The signal comes while torch's library is being loaded."""
     import signal
     import subprocess
     import sys
@@ -255,10 +261,10 @@ def test_ctrl_c_while_a_command_imports_pytorch_ends_it_without_a_traceback(tmp_
     deadline = time.time() + 60
     while "libtorch" not in open(f"/proc/{proc.pid}/maps").read() and time.time() < deadline:
         time.sleep(0.002)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, name))
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
-    assert "interrupted as it started; nothing was done." in err or "interrupted:" in err, err
+    assert proc.returncode == code and "Traceback" not in err, err[-2000:]
+    assert f"{said} as it started; nothing was done." in err or f"{said}:" in err, err
     assert not any(tmp_path.iterdir())  # nothing was written
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from annotated.corpus import CORPORA, load_corpus
-from annotated.data.multi30k import MULTI30K_SPLITS, MULTI30K_VOCAB, load_multi30k
+from annotated.data.multi30k_corpus import MULTI30K_SPLITS, MULTI30K_VOCAB, load_multi30k
 
 
 def test_multi30k_is_its_loader_and_its_tokenizer_behind_one_name():
@@ -22,7 +22,7 @@ def test_multi30k_is_its_loader_and_its_tokenizer_behind_one_name():
         multi30k.pairs("test")
 
 
-@pytest.mark.parametrize("name", ["this", "annotated.data.multi30k", "wmt14", ""])
+@pytest.mark.parametrize("name", ["this", "annotated.data.multi30k_corpus", "wmt14", ""])
 def test_an_unknown_name_is_refused_before_any_module_is_imported(name):
     """A name outside CORPORA is refused with the names that exist, and nothing is imported
     (`this` prints a poem when imported)."""

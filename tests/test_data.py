@@ -16,7 +16,7 @@ import pytest
 import annotated.data.download as data
 from annotated.batching import BOS, EOS, PAD
 from annotated.data.download import data_root, fetch, read_parallel
-from annotated.data.multi30k import MULTI30K_FILES, load_multi30k
+from annotated.data.multi30k_corpus import MULTI30K_FILES, load_multi30k
 from annotated.data.tokenizer import UNK, load_tokenizer, train_tokenizer
 from annotated.errors import ChecksumError
 
@@ -322,7 +322,7 @@ def test_foreign_model_is_rejected(tmp_path):
 
 
 def test_tokenizer_cache_is_keyed_by_what_the_model_depends_on():
-    from annotated.data.multi30k import multi30k_tokenizer
+    from annotated.data.multi30k_corpus import multi30k_tokenizer
 
     pairs = load_multi30k("val")
     first = multi30k_tokenizer(600, pairs)

@@ -20,7 +20,7 @@ from annotated import (
     tokenized_bleu,
 )
 from annotated.beam import length_penalty
-from annotated.bleu import PaperTokenizer, split_compounds
+from annotated.bleu_scores import PaperTokenizer, split_compounds
 from annotated.data.download import read_lines
 from annotated.decoding import (
     StepDecoder,
@@ -480,7 +480,7 @@ def test_command_line(tmp_path):
         text=True,
     )
     assert run.returncode == 0, run.stderr
-    from annotated.bleu import lowercase_tokenized_bleu
+    from annotated.bleu_scores import lowercase_tokenized_bleu
 
     lines = {line[:20].strip(): float(line[20:28]) for line in run.stdout.splitlines()}
     plain = tokenized_bleu(HYPS, REFS, compound_split=False)[0]
@@ -497,7 +497,7 @@ def test_command_line(tmp_path):
 
 
 def test_lowercase_tokenized_bleu_is_multi_bleu_lc_on_moses_tokens():
-    from annotated.bleu import lowercase_tokenized_bleu
+    from annotated.bleu_scores import lowercase_tokenized_bleu
 
     refs = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee, hinter dem Haus."]
     assert lowercase_tokenized_bleu(refs, refs)[0] == pytest.approx(100)

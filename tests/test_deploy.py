@@ -6,7 +6,7 @@ import torch
 
 from annotated.batching import BOS, EOS, make_batch
 from annotated.cli import export
-from annotated.data.multi30k import load_multi30k
+from annotated.data.multi30k_corpus import load_multi30k
 from annotated.data.tokenizer import train_tokenizer
 from annotated.decoding import StepDecoder
 from annotated.evaluation.translation import translate

@@ -232,11 +232,11 @@ SCORED = [  # the copy model copies; the references differ, so that each BLEU is
 
 def test_score_is_translate_then_every_bleu_of_the_book(copy_run, monkeypatch):
     """`score` translates the sources with `translate` under the search settings it is given and
-    reports, for those translations against the references, exactly what annotated.bleu computes,
-    every BLEU with its signature, in the target language it is given."""
+    reports, for those translations against the references, exactly what annotated.bleu_scores
+    computes, every BLEU with its signature, in the target language it is given."""
     import inspect
 
-    from annotated.bleu import score_translations
+    from annotated.bleu_scores import score_translations
     from annotated.checkpoints import checkpoint_paths
     from annotated.evaluation import translation
     from annotated.evaluation.translation import load_model, translate

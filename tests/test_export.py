@@ -118,6 +118,13 @@ def test_modules_and_functions_stay_short():
     assert not long, long
 
 
+def test_no_two_modules_share_a_file_name():
+    """A file name says what is inside, once: `multi30k.py` is the task, `multi30k_corpus.py`
+    its data, `cli/bleu.py` the command and `bleu_scores.py` the scores it prints."""
+    names = [path.name for path, _ in _modules() if path.name != "__init__.py"]
+    assert len(names) > 60 and not [n for n in names if names.count(n) > 1], sorted(names)
+
+
 def test_the_annotated_transformers_names_are_the_parts_make_model_builds():
     """A reader of harvardnlp's Annotated Transformer finds its names, and each is the class of
     the part that make_model builds (not a name kept only for show)."""

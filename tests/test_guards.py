@@ -99,7 +99,7 @@ def test_only_the_trainers_eight_digit_names_are_checkpoints(tmp_path, name):
 def test_the_papers_bleu_replaces_unicode_punctuation_in_the_hypotheses_only():
     """get_ende_bleu.sh normalises the system's output and not the reference: a hypothesis equal
     to its reference scores 100 without typographic quotes and below 100 with them."""
-    from annotated.bleu import tokenized_bleu
+    from annotated.bleu_scores import tokenized_bleu
 
     plain = ["Er sagte , dass das Haus sehr alt und schön ist und dass es bleibt ."]
     quoted = ["Er sagte „ das Haus ist sehr alt und schön “ und dass es so bleiben wird ."]
@@ -136,7 +136,7 @@ def test_cleaning_keeps_both_sides_on_one_line_each(tmp_path):
 
 @pytest.mark.parametrize("line", ["a\tb\tc", "a\t\tb", "\ta\tb"])
 def test_a_tsv_line_with_more_than_one_tab_is_refused(tmp_path, line):
-    from annotated.data.parallel import split_tsv
+    from annotated.data.parallel_corpus import split_tsv
     from annotated.errors import DataError
 
     (tmp_path / "p.tsv").write_text(f"x\ty\n{line}\n")

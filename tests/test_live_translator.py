@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from test_browser import FLAGS, chromium, open_page
 
-from annotated.bleu import sacrebleu_score
-from annotated.data.multi30k import load_multi30k
+from annotated.bleu_scores import sacrebleu_score
+from annotated.data.multi30k_corpus import load_multi30k
 
 playwright = pytest.importorskip("playwright.sync_api")
 

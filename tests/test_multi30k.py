@@ -3,7 +3,7 @@
 import torch
 
 from annotated.batching import BOS, EOS, PAD, make_batch
-from annotated.data.multi30k import load_multi30k
+from annotated.data.multi30k_corpus import load_multi30k
 from annotated.evaluation.translation import translate
 from annotated.training.registry import build_config
 from annotated.training.tasks.multi30k import Multi30kTask

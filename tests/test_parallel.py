@@ -8,8 +8,8 @@ import pytest
 
 from annotated.batching import BOS, EOS, PAD
 from annotated.cli import evaluate, prepare
-from annotated.data.multi30k import load_multi30k
-from annotated.data.parallel import check_pair, load_prepared, prepare_parallel, split_tsv
+from annotated.data.multi30k_corpus import load_multi30k
+from annotated.data.parallel_corpus import check_pair, load_prepared, prepare_parallel, split_tsv
 from annotated.errors import DataError, TrainingError
 from annotated.training.registry import build_config
 from annotated.training.task import TASKS
@@ -408,7 +408,7 @@ def test_prepare_notices_tokenized_text_and_undoes_it_when_asked(corpus, tmp_pat
     a note that says how to name the languages."""
     from sacremoses import MosesTokenizer
 
-    from annotated.data.parallel import tokenized_line
+    from annotated.data.parallel_corpus import tokenized_line
 
     _, train, _, _ = corpus
     plain = [p.read_text(encoding="utf-8").splitlines()[:600] for p in train]

@@ -14,7 +14,7 @@ import torch
 import annotated.beam
 from annotated.batching import BOS, EOS, PAD, make_batch
 from annotated.checkpoints import checkpoint_paths
-from annotated.data.multi30k import load_multi30k
+from annotated.data.multi30k_corpus import load_multi30k
 from annotated.decoding import beam_search_hypotheses
 from annotated.embeddings import sinusoidal_table
 from annotated.errors import ConfigError

@@ -53,7 +53,7 @@ def test_one_call_from_python_with_string_paths(checkpoint):
     """annotated.load: one checkpoint as a str or a Path, or several (averaged); its translate
     and score are translate's and score_translations' on the loaded model."""
     import annotated
-    from annotated.bleu import score_translations
+    from annotated.bleu_scores import score_translations
     from annotated.evaluation.translation import translate
 
     one = annotated.load(str(checkpoint[-1]))
@@ -337,7 +337,7 @@ def test_translating_imports_only_what_it_needs(checkpoint, tmp_path, task):
     """The translate command, after reading a checkpoint of the copy task, Multi30k or WMT14,
     has imported at most TRANSLATE_MODULES of the package's modules, and neither the training
     configuration nor the registry nor any task or data pipeline."""
-    from annotated.data.multi30k import load_multi30k
+    from annotated.data.multi30k_corpus import load_multi30k
     from annotated.data.tokenizer import tokenizer_bytes, train_tokenizer
     from annotated.model import make_model
 

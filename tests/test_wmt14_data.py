@@ -20,7 +20,7 @@ from annotated.data.download import RemoteFile, fetch
 from annotated.data.encoded import EncodedCorpus, is_encoded, write_encoded
 from annotated.data.preparation import prepare_wmt14
 from annotated.data.tokenizer import TokenizerMismatch, train_tokenizer
-from annotated.data.wmt14 import (
+from annotated.data.wmt14_files import (
     SAMPLE_FILES,
     SCALE_ENV,
     WMT14_ARCHIVES,

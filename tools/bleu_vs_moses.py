@@ -19,7 +19,7 @@ import sacrebleu
 import sacremoses
 from sacrebleu.metrics import BLEU
 
-from annotated.bleu import PaperTokenizer, lowercase_tokenized_bleu
+from annotated.bleu_scores import PaperTokenizer, lowercase_tokenized_bleu
 from annotated.data.download import data_root, read_lines
 from annotated.provenance import provenance
 
@@ -52,7 +52,7 @@ def statistics(hyps: list[str], refs: list[str]) -> str:
 
 
 def ours(hyps: list[str], refs: list[str]) -> dict:
-    """The three tokenized scores of annotated.bleu, as multi-bleu.perl would print them."""
+    """The three tokenized scores of annotated.bleu_scores, as multi-bleu.perl would print them."""
     system = PaperTokenizer("de", replace_punctuation=True)
     reference, plain = PaperTokenizer("de"), PaperTokenizer("de", compound_split=False)
     lowered = lowercase_tokenized_bleu(hyps, refs)[0]
@@ -84,7 +84,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
     record = {
-        "what": "tokenized BLEU of annotated.bleu against tools/moses_bleu.sh (the Perl scripts)",
+        "what": "tokenized BLEU of annotated.bleu_scores against tools/moses_bleu.sh "
+        "(the Perl scripts)",
         "provenance": provenance(
             "python tools/bleu_vs_moses.py "
             + " ".join(f"--moses {m.name}" for m in args.moses)

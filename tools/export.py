@@ -63,7 +63,7 @@ READER_API = {
     "decoding": ["greedy_decode", "beam_search"],
     "beam": ["length_penalty"],
     "checkpoints": ["average_checkpoints"],
-    "bleu": ["sacrebleu_score", "tokenized_bleu", "lowercase_tokenized_bleu"],
+    "bleu_scores": ["sacrebleu_score", "tokenized_bleu", "lowercase_tokenized_bleu"],
     "corpus": ["load_corpus"],
     "data.tokenizer": ["Tokenizer", "train_tokenizer", "load_tokenizer"],
     "training.config": ["TrainConfig"],

@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..bleu import score_translations
+from ..bleu_scores import score_translations
 from ..data.download import read_lines
 from ..errors import DataError
 from .epilogue import Epilogue, command_parser, run_command

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..checkpoints import checkpoint_paths, load_checkpoint
 from ..data.encoded import EncodedCorpus
-from ..data.parallel import load_prepared, prepare_parallel, split_tsv
+from ..data.parallel_corpus import load_prepared, prepare_parallel, split_tsv
 from ..data.preparation import Prepared
 from ..data.tokenizer import Tokenizer, carried_tokenizer, load_tokenizer
 from ..errors import DataError

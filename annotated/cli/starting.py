@@ -12,15 +12,19 @@ import sys
 
 
 def _interrupted(signum, frame) -> None:
-    print("interrupted as it started; nothing was done.", file=sys.stderr, flush=True)
-    os._exit(130)
+    said = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    print(f"{said} as it started; nothing was done.", file=sys.stderr, flush=True)
+    os._exit(128 + signum)  # 130 for Ctrl-C, 143 for SIGTERM
 
 
 if sys.argv[:1] == ["-m"]:  # python -m annotated.cli.NAME, while Python imports it
-    signal.signal(signal.SIGINT, _interrupted)
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _interrupted)
 
 
 def ready() -> None:
-    """The command is ready for Ctrl-C (KeyboardInterrupt) again: undo the handler above."""
+    """The command is ready for Ctrl-C (KeyboardInterrupt) again: undo the handlers above."""
     if signal.getsignal(signal.SIGINT) is _interrupted:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is _interrupted:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until the command sets its own

@@ -24,7 +24,7 @@ from .cleaning import clean_corpora, read_pairs, sample_pairs
 from .download import identity
 from .encoded import EncodedCorpus, is_encoded, write_encoded
 from .tokenizer import TOKENIZER_OPTIONS, Tokenizer, load_tokenizer, train_tokenizer
-from .wmt14 import default_scale, load_test_set, raw_files, wmt14_folder
+from .wmt14_files import default_scale, load_test_set, raw_files, wmt14_folder
 
 # %% ../../notebooks/24_wmt14_data.ipynb #c040
 VOCAB = {"en-de": 37_000, "en-fr": 32_000}  # the paper's shared vocabularies (section 5.1)

@@ -16,7 +16,7 @@ __all__ = [
 import re
 from collections import Counter
 
-from ..bleu import sacrebleu_score
+from ..bleu_scores import sacrebleu_score
 from ..data.tokenizer import Tokenizer
 
 

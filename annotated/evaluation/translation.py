@@ -95,7 +95,7 @@ def score(
     """Translate the sources of (source, reference) `pairs` with beam search and score them
     against the references with every BLEU of chapter 10 (`lang`: the target language)
     -> {each BLEU and its signature, "decode_seconds", "translations"}."""
-    from ..bleu import score_translations  # sacreBLEU and Moses: only when scoring
+    from ..bleu_scores import score_translations  # sacreBLEU and Moses: only when scoring
 
     start, sources = time.time(), [s for s, _ in pairs]
     hyps = translate(model, tokenizer, sources, beam_size=beam_size, alpha=alpha, progress=progress)

@@ -83,7 +83,7 @@ import torch
 
 from ..beam import ALPHA, BEAM_SIZE
 from ..checkpoints import checkpoint_paths, checkpoint_step
-from ..data.multi30k import load_multi30k
+from ..data.multi30k_corpus import load_multi30k
 from ..errors import ConfigError, Diverged
 from ..evaluation.translation import load_model, score
 from ..files import write_text_atomic

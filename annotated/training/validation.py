@@ -83,7 +83,7 @@ def validate(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 6
         ys = greedy_decode(model, src, mask, src.size(1) + 51, BOS, end_symbol=EOS)
         hyps += [tokenizer.decode(_until_end(row[1:])) for row in ys.tolist()]
     model.train(training)
-    from ..bleu import sacrebleu_score  # sacreBLEU loads when a run validates
+    from ..bleu_scores import sacrebleu_score  # sacreBLEU loads when a run validates
 
     bleu = sacrebleu_score(hyps, [t for _, t in pairs])[0]
     seconds = time.time() - started

@@ -8,7 +8,7 @@ __all__ = ["TASK", "Multi30kData", "Multi30kTask"]
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ...data.multi30k import MULTI30K_VOCAB, load_multi30k, multi30k_tokenizer
+from ...data.multi30k_corpus import MULTI30K_VOCAB, load_multi30k, multi30k_tokenizer
 from ...data.tokenizer import Tokenizer
 from ..config import TaskData, TrainConfig, task_data
 from ..corpus_task import CorpusTask, TokenPairs

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ...data.parallel import load_prepared, test_names
+from ...data.parallel_corpus import load_prepared, test_names
 from ...data.preparation import Prepared
 from ...data.tokenizer import Tokenizer
 from ...errors import DataError

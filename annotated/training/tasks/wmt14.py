@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from ...data.preparation import Prepared, prepare_wmt14
 from ...data.tokenizer import Tokenizer
-from ...data.wmt14 import WMT14_PAIRS
+from ...data.wmt14_files import WMT14_PAIRS
 from ..config import TaskData, TrainConfig, task_data
 from ..corpus_task import CorpusTask
 
