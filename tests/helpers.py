@@ -1,6 +1,8 @@
 """Helpers that several test files share."""
 
+import contextlib
 import http.server
+import io
 import json
 import os
 import signal
@@ -121,6 +123,24 @@ def run_trainer(*args, launcher=None, timeout=300, check=True, cwd=None, **env_e
     if check:
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r
+
+
+def refused(*args) -> str:
+    """The one-paragraph message with which `python -m annotated.cli.train ARGS` refuses its
+    arguments before it trains anything (exit 2), run in this process: a subprocess would
+    spend seconds importing PyTorch for a check that takes milliseconds."""
+    from annotated.cli import train as train_cli
+
+    threads, err = torch.get_num_threads(), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = train_cli.main(["--no-progress", *map(str, args)])
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    finally:
+        torch.set_num_threads(threads)  # --threads may have set this process's
+    assert code == 2, (code, err.getvalue()[-2000:])
+    return err.getvalue().strip().splitlines()[-1]
 
 
 def tiny_copy(out: Path, *args: str, check: bool = True):

@@ -18,7 +18,7 @@ from annotated.evaluation import runs
 from annotated.files import lock_out_dir
 from annotated.training.progress import Progress
 
-from helpers import TINY, error_of, run_trainer, sets, tiny_copy
+from helpers import TINY, error_of, refused, run_trainer, sets, tiny_copy
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +240,7 @@ def test_results_are_replaced_as_a_whole_or_not_at_all(copy_run, tmp_path, monke
 
 
 def test_train_refuses_an_empty_out_and_names_a_full_disk(tmp_path, monkeypatch, capsys):
-    r = run_trainer("--config", "copy", *TINY, "--out", "", check=False)
-    assert r.returncode == 2 and "--out must name a folder" in r.stderr
+    assert "--out must name a folder" in refused("--config", "copy", *TINY, "--out", "")
 
     def full(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")  # no file name, as a write gives
