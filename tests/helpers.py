@@ -2,6 +2,7 @@
 
 import contextlib
 import http.server
+import importlib
 import io
 import json
 import os
@@ -125,22 +126,23 @@ def run_trainer(*args, launcher=None, timeout=300, check=True, cwd=None, **env_e
     return r
 
 
-def refused(*args) -> str:
-    """The one-paragraph message with which `python -m annotated.cli.train ARGS` refuses its
-    arguments before it trains anything (exit 2), run in this process: a subprocess would
-    spend seconds importing PyTorch for a check that takes milliseconds."""
-    from annotated.cli import train as train_cli
-
+def refused(*args, command: str = "train") -> str:
+    """The one-paragraph message with which `python -m annotated.cli.COMMAND ARGS` refuses its
+    arguments before it does anything (exit 2), run in this process: a subprocess would spend
+    seconds importing PyTorch for a check that takes milliseconds."""
+    main = importlib.import_module(f"annotated.cli.{command}").main
+    first = ["--no-progress"] if command == "train" else []
     threads, err = torch.get_num_threads(), io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = train_cli.main(["--no-progress", *map(str, args)])
+            code = main([*first, *map(str, args)])
     except SystemExit as e:  # argparse's own refusals
         code = e.code
     finally:
         torch.set_num_threads(threads)  # --threads may have set this process's
-    assert code == 2, (code, err.getvalue()[-2000:])
-    return err.getvalue().strip().splitlines()[-1]
+    last = err.getvalue().strip().splitlines()[-1]
+    assert code == 2 and "error:" in last, (code, err.getvalue()[-2000:])  # one paragraph
+    return last
 
 
 def tiny_copy(out: Path, *args: str, check: bool = True):

@@ -61,8 +61,9 @@ def carried_tokenizer(state: dict, path: "Path") -> "Tokenizer | None":
     try:
         tokenizer = Tokenizer(spm.SentencePieceProcessor(model_proto=blob))
     except (RuntimeError, TypeError, ValueError) as e:
+        why = " ".join(str(e).split())[:120]  # on one line
         raise TrainingError(
-            f"{path} carries a damaged tokenizer: it cannot be read ({str(e)[:120]}). {fix}"
+            f"{path} carries a damaged tokenizer: it cannot be read ({why}). {fix}"
         ) from None
     if tokenizer.fingerprint != state["tokenizer"]:
         raise TrainingError(
