@@ -150,6 +150,11 @@ def tiny_copy(out: Path, *args: str, check: bool = True):
     return run_trainer("--config", "copy", *TINY, *args, "--out", str(out), check=check)
 
 
+def tiny_refused(out: Path, *args: str) -> str:
+    """`refused` for the copy configuration at its smallest (TINY) in `out`."""
+    return refused("--config", "copy", *TINY, *args, "--out", out)
+
+
 def final_weights(out: Path) -> dict:
     last = sorted((out / "checkpoints").glob("ckpt_*.pt"))[-1]
     return torch.load(last, weights_only=True)["model"]

@@ -31,11 +31,11 @@ from helpers import (
     TINY,
     TORCHRUN_2,
     checkpoint_names,
-    error_of,
     final_weights,
     run_trainer,
     sets,
     tiny_copy,
+    tiny_refused,
 )
 
 NO_DROPOUT = sets("model.dropout=0")
@@ -106,7 +106,7 @@ def test_links_planted_in_the_run_folder_are_refused_and_their_targets_kept(tmp_
         out = tmp_path / name.replace(".", "_")
         out.mkdir()
         (out / name).symlink_to(precious)
-        message = error_of(tiny_copy(out, *sets("max_steps=2"), check=False))
+        message = tiny_refused(out, *sets("max_steps=2"))
         assert "is a symbolic link" in message and "Remove the link" in message, message
         assert precious.read_text() == "someone else's file\n"
         assert not (out / "checkpoints").exists() or not checkpoint_names(out)
@@ -122,7 +122,7 @@ def test_a_checkpoints_link_is_refused_before_anything_is_deleted_or_written_the
         out = tmp_path / f"run{len(resume)}"
         out.mkdir()
         (out / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
-        message = error_of(tiny_copy(out, *sets("max_steps=2"), *resume, check=False))
+        message = tiny_refused(out, *sets("max_steps=2"), *resume)
         assert "checkpoints is a symbolic link" in message and "Remove the link" in message
         assert sorted(p.name for p in elsewhere.iterdir()) == ["theirs.tmp"]
 
@@ -133,7 +133,7 @@ def test_a_checkpoint_file_planted_as_a_link_is_refused(tmp_path):
     outside = tmp_path / "outside.pt"
     (out / "checkpoints" / "ckpt_00000002.pt").rename(outside)
     (out / "checkpoints" / "ckpt_00000002.pt").symlink_to(outside)
-    message = error_of(tiny_copy(out, *sets("max_steps=4"), "--resume", check=False))
+    message = tiny_refused(out, *sets("max_steps=4"), "--resume")
     assert "ckpt_00000002.pt is a symbolic link" in message, message
     assert outside.exists() and (out / "checkpoints" / "ckpt_00000002.pt").is_symlink()
 
@@ -156,7 +156,7 @@ def test_a_metrics_line_that_is_json_but_no_record_is_a_message(tmp_path):
         log.write_text(good + line + "\n")
         with pytest.raises(TrainingError, match="line 3 is JSON but not a line of this trainer"):
             read_metrics(log)
-    message = error_of(tiny_copy(out, *sets("max_steps=3"), "--resume", check=False))
+    message = tiny_refused(out, *sets("max_steps=3"), "--resume")
     assert "line 3 is JSON but not a line of this trainer's log" in message, message
     assert log.read_text() == good + '{"step": 2, "loss": null}\n'  # left for the user to repair
 

@@ -28,6 +28,7 @@ from helpers import (
     run_trainer,
     sets,
     tiny_copy,
+    tiny_refused,
 )
 
 
@@ -135,21 +136,19 @@ def test_a_configuration_is_model_optimisation_and_the_tasks_own_data():
 
 def test_resume_without_and_with_corrupt_checkpoint(tmp_path):
     out = tmp_path / "run"
-    assert "no checkpoint in" in error_of(
-        run_trainer("--config", "copy", "--resume", "--out", str(out), check=False)
-    )
+    assert "no checkpoint in" in refused("--config", "copy", "--resume", "--out", out)
     tiny_copy(out, *sets("max_steps=4", "checkpoint_every=2"))
     newest = sorted((out / "checkpoints").glob("*.pt"))[-1]
     newest.write_bytes(newest.read_bytes()[:100])
-    msg = error_of(tiny_copy(out, *sets("max_steps=6"), "--resume", check=False))
+    msg = tiny_refused(out, *sets("max_steps=6"), "--resume")
     assert "cannot be read" in msg and "ckpt_00000002.pt" in msg
 
 
 def test_out_dir_of_another_run(tmp_path):
     out = tmp_path / "run"
     tiny_copy(out, *sets("max_steps=2"))
-    assert "already holds checkpoints" in error_of(tiny_copy(out, check=False))
-    msg = error_of(tiny_copy(out, *sets("model.d_model=32"), "--resume", check=False))
+    assert "already holds checkpoints" in tiny_refused(out)
+    msg = tiny_refused(out, *sets("model.d_model=32"), "--resume")
     assert "another run than the one asked for: its model.d_model is 16, not 32" in msg
 
 
@@ -256,7 +255,7 @@ def test_second_trainer_on_the_same_folder_is_refused_and_a_kill_frees_it(tmp_pa
         tmp_path / "run", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        msg = error_of(run_trainer(*args, "--resume", check=False))
+        msg = refused(*args, "--resume")
         assert "in use by another trainer" in msg and f"pid {first.pid}" in msg
     finally:
         first.send_signal(signal.SIGKILL)
@@ -391,12 +390,12 @@ def test_files_that_are_not_checkpoints_or_json_get_messages(tmp_path):
     tiny_copy(out, *sets("max_steps=2"))
     resume = ["--config", "copy", *TINY, *sets("max_steps=3"), "--resume", "--out", str(out)]
     (out / "run.json").write_text("")
-    msg = error_of(run_trainer(*resume, check=False))
+    msg = refused(*resume)
     assert "run.json cannot be read as JSON" in msg
     (out / "run.json").unlink()
     newest = sorted((out / "checkpoints").glob("*.pt"))[-1]
     torch.save({"weights": torch.zeros(2)}, newest)
-    msg = error_of(run_trainer(*resume, check=False))
+    msg = refused(*resume)
     assert "not a checkpoint of this trainer" in msg
 
 
@@ -425,7 +424,7 @@ def test_resume_with_another_tokenizer_is_refused(tmp_path):
     assert state["tokenizer"] == "ids-13"  # the copy task's ids, 13 symbols
     state["tokenizer"] = "0123456789abcdef"  # as if its tokenizer had been replaced
     torch.save(state, newest)
-    msg = error_of(tiny_copy(out, *sets("max_steps=4"), "--resume", check=False))
+    msg = tiny_refused(out, *sets("max_steps=4"), "--resume")
     assert "trained with tokenizer 0123456789abcdef" in msg and "ids-13" in msg
     assert len(list((out / "checkpoints").glob("*.pt"))) == 1  # nothing was trained on
 
@@ -549,13 +548,13 @@ def test_only_the_trainers_checkpoints_count_and_each_must_be_this_runs(tmp_path
     ]
     renamed = folder / "ckpt_00000099.pt"
     renamed.write_bytes((folder / "ckpt_00000006.pt").read_bytes())
-    msg = error_of(tiny_copy(out, *sets("max_steps=100"), "--resume", check=False))
+    msg = tiny_refused(out, *sets("max_steps=100"), "--resume")
     assert "is named for step 99 but holds step 6" in msg and "Move it out of" in msg
     renamed.unlink()
     other = tmp_path / "other"
     tiny_copy(other, *sets("max_steps=7", "seed=1"))
     (folder / "ckpt_00000007.pt").write_bytes((other / "checkpoints/ckpt_00000007.pt").read_bytes())
-    msg = error_of(tiny_copy(out, *sets("max_steps=8"), "--resume", check=False))
+    msg = tiny_refused(out, *sets("max_steps=8"), "--resume")
     assert "ckpt_00000007.pt was written by another run than the one resumed" in msg
     assert "its seed is 1, not 0" in msg
     assert (folder / "ckpt_00000005.pt").exists()  # nothing of the run was pruned for it
