@@ -16,6 +16,8 @@ from annotated.cli import train as train_cli
 from annotated.cli.epilogue import Epilogue, run_command
 from annotated.errors import ConfigError, Preempted, TrainingError
 
+from helpers import refused
+
 END = Epilogue(
     interrupted="nothing was written; run the same command again",
     kept="the checkpoints in runs/x are intact",
@@ -355,3 +357,10 @@ def test_the_cpu_processes_of_one_run_share_the_cores(monkeypatch):
         assert use_threads(argparse.ArgumentParser(), None) == 5
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", ["../etc", "os path", ".relative", "a..b"])
+def test_an_import_that_is_no_module_name_is_a_usage_error(name, tmp_path):
+    """--import takes a module's name: a path or a relative name was a TypeError's traceback."""
+    said = refused("--checkpoint", tmp_path / "x.pt", "--import", name, command="translate")
+    assert f"--import {name}: not a module name" in said, said

@@ -98,6 +98,9 @@ def import_modules(ap: argparse.ArgumentParser, names: list[str]) -> None:
     import importlib
 
     for name in names:
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):  # not a path: a name
+            ap.error(f"--import {name}: not a module name; give one as Python imports it "
+                     f"(mypackage.mytask), its folder on the Python path (PYTHONPATH)")  # fmt: skip
         try:
             importlib.import_module(name)
         except ImportError as e:
