@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -116,32 +117,69 @@ TINY += sets("log_every=1")
 
 
 def run_trainer(*args, launcher=None, timeout=300, check=True, cwd=None, **env_extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
-    if cwd:  # the package from this checkout, wherever the command runs
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    cmd = (launcher or [sys.executable, "-m"]) + ["annotated.cli.train", "--no-progress", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    """`python -m annotated.cli.train --no-progress ARGS` with one thread: in this process when
+    nothing calls for another (a launcher, a folder or variables of its own), as a subprocess
+    otherwise. Returns its returncode, stdout and stderr."""
+    if launcher or cwd or env_extra:
+        env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
+        if cwd:  # the package from this checkout, wherever the command runs
+            env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+        cmd = (launcher or [sys.executable, "-m"]) + ["annotated.cli.train", "--no-progress", *args]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    else:
+        r = run_here("train", "--no-progress", *args)
     if check:
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r
+
+
+def run_here(command: str, *args) -> subprocess.CompletedProcess:
+    """`python -m annotated.cli.COMMAND ARGS` run in this process with one thread, as a
+    subprocess would run it but without the seconds a new process spends importing PyTorch:
+    its exit code, standard output and standard error (warnings included, as Python prints
+    them). What a process of its own changes (threads, signal handlers) is put back."""
+    main = importlib.import_module(f"annotated.cli.{command}").main
+    out, err = io.StringIO(), io.StringIO()
+    threads, handlers = torch.get_num_threads(), {s: signal.getsignal(s) for s in _SIGNALS}
+    omp = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # as run_trainer's subprocesses have it
+    torch.set_num_threads(1)
+    printed = lambda m, c, f, n, file=None, line=None: err.write(  # noqa: E731
+        warnings.formatwarning(m, c, f, n, line)
+    )
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            with warnings.catch_warnings():
+                warnings.simplefilter("default")
+                warnings.showwarning = printed
+                try:
+                    code = main([str(a) for a in args])
+                except SystemExit as e:  # argparse's own refusals
+                    code = e.code if isinstance(e.code, int) else 2
+    finally:
+        torch.set_num_threads(threads)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        if omp is None:
+            os.environ.pop("OMP_NUM_THREADS")
+        else:
+            os.environ["OMP_NUM_THREADS"] = omp
+    return subprocess.CompletedProcess(
+        [command, *map(str, args)], code, out.getvalue(), err.getvalue()
+    )
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def refused(*args, command: str = "train") -> str:
     """The one-paragraph message with which `python -m annotated.cli.COMMAND ARGS` refuses its
     arguments before it does anything (exit 2), run in this process: a subprocess would spend
     seconds importing PyTorch for a check that takes milliseconds."""
-    main = importlib.import_module(f"annotated.cli.{command}").main
     first = ["--no-progress"] if command == "train" else []
-    threads, err = torch.get_num_threads(), io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = main([*first, *map(str, args)])
-    except SystemExit as e:  # argparse's own refusals
-        code = e.code
-    finally:
-        torch.set_num_threads(threads)  # --threads may have set this process's
-    last = err.getvalue().strip().splitlines()[-1]
-    assert code == 2 and "error:" in last, (code, err.getvalue()[-2000:])  # one paragraph
+    r = run_here(command, *first, *args)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "error:" in last, (r.returncode, r.stderr[-2000:])  # one paragraph
     return last
 
 

@@ -3,14 +3,14 @@ command. The sweep here runs the `ci` grid for a few steps; the data is the loca
 ANNOTATED_DATA names (CI's ../shared/data)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from annotated.experiments.table3 import GRIDS, VARIATIONS
 from annotated.training.config import settings_of
 from annotated.training.registry import build_config
+
+from helpers import run_here
 
 BASE = "multi30k-small"
 
@@ -39,8 +39,7 @@ def test_each_row_changes_what_its_name_says():
 
 
 def ablate(*args):
-    command = [sys.executable, "-m", "annotated.cli.ablate", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=900)
+    return run_here("ablate", *args)
 
 
 def test_the_ci_grid_trains_scores_and_resumes(tmp_path):

@@ -2,8 +2,6 @@
 results."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -13,6 +11,8 @@ from annotated.evaluation import runs as evaluation
 from annotated.training.registry import build_config
 from annotated.training.tasks.copy import CopyTask
 from annotated.training.trainer import train
+
+from helpers import run_here
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +103,7 @@ def test_evaluate_refuses_runs_it_cannot_score(copy_run, tmp_path):
 
 
 def test_cli_reports_a_missing_run(tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path / "nope")],
-        capture_output=True,
-        text=True,
-    )
+    r = run_here("evaluate", "--run", tmp_path / "nope")
     assert r.returncode == 2 and "no checkpoints in" in r.stderr and "train first" in r.stderr
 
 
@@ -136,11 +132,7 @@ def test_inputs_are_checked_before_any_decoding(copy_run, tmp_path, monkeypatch)
     "flag", [["--last", "0"], ["--limit", "0"], ["--beam", "0"], ["--alpha", "nan"]]
 )
 def test_cli_refuses_meaningless_search_settings(tmp_path, flag):
-    r = subprocess.run(
-        [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path), *flag],
-        capture_output=True,
-        text=True,
-    )
+    r = run_here("evaluate", "--run", tmp_path, *flag)
     assert r.returncode == 2 and "must be at least 1" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -151,11 +143,7 @@ def test_bleu_cli_strips_a_byte_order_mark_and_names_bad_bytes(tmp_path):
     bad.write_bytes(b"Ein Hund\xff\nZwei\n")
 
     def cli(h):
-        return subprocess.run(
-            [sys.executable, "-m", "annotated.cli.bleu", "--hyp", str(h), "--ref", str(ref)],
-            capture_output=True,
-            text=True,
-        )
+        return run_here("bleu", "--hyp", h, "--ref", ref)
 
     assert "sacreBLEU            100.00" in cli(hyp).stdout
     r = cli(bad)

@@ -3,8 +3,6 @@ interval of their own, the best checkpoint kept and used, early stopping by eith
 a resumed run that stays exact."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ from annotated.cli import prepare
 from annotated.evaluation.runs import evaluate_run
 from annotated.training.run_folder import read_metrics
 
-from helpers import final_weights, refused, run_trainer, sets
+from helpers import final_weights, refused, run_here, run_trainer, sets
 
 TINY = sets("model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=2", "log_every=5")
 STEPS = sets("checkpoint_every=10", "valid_sentences=40", "valid_every=0")  # every checkpoint
@@ -60,7 +58,7 @@ def test_each_checkpoint_is_validated_and_the_best_is_kept_and_used(data, tmp_pa
     assert best["step"] == 10 and best["checkpoint"] == "ckpt_00000010.pt"  # ties do not replace
     kept = sorted(p.name for p in (out / "checkpoints").glob("ckpt_*.pt"))
     assert kept == ["ckpt_00000010.pt", "ckpt_00000030.pt"]  # keep_last=1, and the best
-    evaluate = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(out), "--best"]
+    evaluate = ["--run", out, "--best"]
     results = tmp_path / "results"  # the metrics log ends with a validation's record
     scored = [
         *evaluate,
@@ -71,14 +69,14 @@ def test_each_checkpoint_is_validated_and_the_best_is_kept_and_used(data, tmp_pa
         "--plot",
         str(tmp_path / "p.png"),
     ]
-    r = subprocess.run(scored, capture_output=True, text=True, timeout=300)
+    r = run_here("evaluate", *scored)
     assert r.returncode == 0 and "valid (5 of 60 sentences)" in r.stdout, r.stderr[-2000:]
     written = json.loads((results / "results.json").read_text())["training"]
     assert written["steps"] == 30 and written["seconds"] > 0 and (tmp_path / "p.png").is_file()
-    again = subprocess.run(scored, capture_output=True, text=True, timeout=300)  # the same run
+    again = run_here("evaluate", *scored)  # the same run
     assert again.returncode == 0, again.stderr[-2000:]
     assert evaluate_run(out, best=True, limit=5)["checkpoints"] == ["ckpt_00000010.pt"]
-    r = subprocess.run([*evaluate, "--last", "2"], capture_output=True, text=True, timeout=300)
+    r = run_here("evaluate", *evaluate, "--last", "2")
     assert r.returncode == 2 and "give one of them" in r.stderr
 
 
@@ -129,8 +127,7 @@ def test_a_task_or_folder_without_a_validation_set_is_a_message(data, tmp_path):
     assert not (tmp_path / "own" / "best.json").exists()  # it trained, without validating
     run_trainer("--config", "parallel", *sets(f"data.path={data / 'no-valid'}", "max_steps=2"),
                 *TINY, "--out", str(tmp_path / "own2"))  # fmt: skip
-    evaluate = [sys.executable, "-m", "annotated.cli.evaluate", "--run", str(tmp_path / "own2")]
-    r = subprocess.run(evaluate, capture_output=True, text=True, timeout=300)
+    r = run_here("evaluate", "--run", tmp_path / "own2")
     assert r.returncode == 2 and "was prepared without --valid or --test" in r.stderr, r.stderr
     assert "patience" in refused("--config", "copy", *sets("patience=3"), "--out", tmp_path / "p")
 

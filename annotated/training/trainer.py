@@ -263,17 +263,9 @@ def train(
 
 # %% ../../notebooks/22_the_loop.ipynb #c015e2
 def _train_locked(
-    cfg: TrainConfig,
-    out: Path,
-    rank: int,
-    world: int,
-    device: torch.device,
-    resume: bool,
-    progress: bool,
-    command: str | None,
-    stop: StopRequests,
-    board,
-) -> dict:
+    cfg: TrainConfig, out: Path, rank: int, world: int, device: torch.device, resume: bool,
+    progress: bool, command: str | None, stop: StopRequests, board,
+) -> dict:  # fmt: skip
     run, saved = _start(cfg, out, resume, rank, world, device)
     precision = run.precision = run_precision(cfg, run, device, world, saved)
     if rank == 0:
@@ -285,10 +277,14 @@ def _train_locked(
     if cfg.compile:
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]  # batches change shape from step to step
     log = Progress(out, cfg, run.step, run.seconds, writes=rank == 0, bar=progress, board=board)
-    dev = Validator.of(cfg, out, run.task.tokenizer, log) if rank == 0 else None
-    if dev is not None:
-        dev.catch_up(run.model, run.step, log)  # a validation that Ctrl-C cut short, done now
-    batches = run_batches(run, rank, device, cfg.max_steps)
+    try:
+        dev = Validator.of(cfg, out, run.task.tokenizer, log) if rank == 0 else None
+        if dev is not None:
+            dev.catch_up(run.model, run.step, log)  # a validation that Ctrl-C cut short, done now
+        batches = run_batches(run, rank, device, cfg.max_steps)
+    except BaseException:  # no validation set, say: the run never starts, and its log is closed
+        log.close()
+        raise
     last_path, loss, run_tokens, last_time, reason = None, None, 0, time.time(), ""
     earlier = run.seconds  # what a resumed run had trained before
     time_up = out_of_time(cfg, run.seconds, world, device)
