@@ -19,7 +19,7 @@ from annotated.evaluation import runs
 from annotated.files import lock_out_dir
 from annotated.training.progress import Progress
 
-from helpers import TINY, error_of, refused, run_trainer, sets, tiny_copy, tiny_refused
+from helpers import TINY, error_of, refused, run_here, run_trainer, sets, tiny_copy, tiny_refused
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +176,9 @@ def test_evaluate_never_writes_its_results_over_a_run_or_other_files(copy_run, t
         assert says in said, (results, said)
     assert before == {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     assert run_files == {p: p.stat().st_mtime_ns for p in copy_run.rglob("*") if p.is_file()}
-    r = command("evaluate", "--run", copy_run, "--plot", tmp_path, "--tensorboard", a_file)
+    r = run_here("evaluate", "--run", copy_run, "--plot", tmp_path, "--tensorboard", a_file)
     assert r.returncode == 2 and "--plot" in r.stderr and "is a folder" in r.stderr
-    r = command("train", "--config", "copy", "--out", tmp_path / "new-run", "--plot", tmp_path)
+    r = run_here("train", "--config", "copy", "--out", tmp_path / "new-run", "--plot", tmp_path)
     assert r.returncode == 2 and "--plot" in r.stderr and "is a folder" in r.stderr
     assert not (tmp_path / "new-run").exists()  # refused before anything trained
 

@@ -12,14 +12,13 @@ from annotated.training.config_files import config_text
 from annotated.training.registry import build_config
 from annotated.training.run_folder import read_metrics
 
-from helpers import TINY, final_weights, refused, run_trainer, sets
+from helpers import TINY, final_weights, refused, run_here, run_trainer, sets
 
 STEPS = sets("max_steps=30", "log_every=1", "checkpoint_every=0")
 
 
 def printed(*args: str) -> str:
-    cmd = [sys.executable, "-m", "annotated.cli.train", *args, "--print-config"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    r = run_here("train", *args, "--print-config")
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 
