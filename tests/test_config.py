@@ -1,6 +1,7 @@
 """The configuration (chapter 17): every setting, at and past its edges, is refused with a message
 or trains; nothing in between ends in a traceback or takes the machine's memory."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,13 @@ def test_digits_of_other_scripts_are_refused_rather_than_read_as_numbers():
         with pytest.raises(ConfigError, match=f"{key}={text}: {key} expects a value of type"):
             apply_overrides(base, [f"{key}={text}"])
     assert apply_overrides(base, ["max_steps=3"]).max_steps == 3
+
+
+def test_an_adam_epsilon_that_float32_rounds_to_zero_is_refused_rather_than_diverging(tmp_path):
+    """`optim.adam_eps=1e-320` was "positive" and so accepted; in float32 it is 0, and Adam
+    divided 0 by 0 at the first weight without a gradient: a NaN reported as a diverged run."""
+    for tiny in ("1e-320", "1e-45", "1e-40"):
+        with pytest.raises(ConfigError, match=r"optim\.adam_eps: must be at least 2\*\*-126"):
+            build_config("copy", [*TINY, f"optim.adam_eps={tiny}"])
+    edge = build_config("copy", [*TINY, f"optim.adam_eps={2**-126!r}", "max_steps=10"])
+    assert math.isfinite(train(edge, tmp_path / "edge", progress=False)["loss"])  # it trained

@@ -90,7 +90,7 @@ class OptimConfig(Checked):
                 "must be 0 (no clipping) or a positive norm; a negative one would climb the loss",
             ),
             (0 <= self.adam_beta2 < 1, "optim.adam_beta2", "must lie in [0, 1)"),
-            (self.adam_eps > 0, "optim.adam_eps", "must be positive"),
+            (self.adam_eps >= 2**-126, "optim.adam_eps", "must be at least 2**-126 (~1.2e-38)"),
             (0 < self.lr_factor < math.inf, "optim.lr_factor", "must be a positive number"),
             (self.warmup >= 1, "optim.warmup", "must be at least 1 (the schedule divides by it)"),
         ]
