@@ -19,7 +19,7 @@ from annotated import (
     sacrebleu_score,
     tokenized_bleu,
 )
-from annotated.beam import length_penalty
+from annotated.beam import MAX_ALPHA, length_penalty
 from annotated.bleu_scores import PaperTokenizer, split_compounds
 from annotated.data.download import read_lines
 from annotated.decoding import (
@@ -299,6 +299,12 @@ def test_bad_arguments():
         beam_search(model, src, mask, 10, BOS, EOS, beam_size=0)
     with pytest.raises(ValueError, match="max_len"):
         beam_search(model, src, mask, 0, BOS, EOS)
+    for alpha in (1e308, math.inf, math.nan, -0.1):  # 1e308 was an IndexError's traceback
+        with pytest.raises(ValueError, match=r"alpha must lie in \[0, 5\]"):
+            beam_search(model, src, mask, 10, BOS, EOS, alpha=alpha)
+    # the largest exponent allowed keeps every score finite, on outputs of up to 200 tokens
+    beams = beam_search_hypotheses(model, src, mask, 201, BOS, EOS, 4, MAX_ALPHA)
+    assert all(math.isfinite(h.score) for beam in beams for h in beam)
 
 
 # ---------------------------------------------------------------- checkpoint averaging

@@ -129,7 +129,8 @@ def test_inputs_are_checked_before_any_decoding(copy_run, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize(
-    "flag", [["--last", "0"], ["--limit", "0"], ["--beam", "0"], ["--alpha", "nan"]]
+    "flag",
+    [["--last", "0"], ["--limit", "0"], ["--beam", "0"], ["--alpha", "nan"], ["--alpha", "inf"]],
 )
 def test_cli_refuses_meaningless_search_settings(tmp_path, flag):
     r = run_here("evaluate", "--run", tmp_path, *flag)

@@ -163,10 +163,18 @@ def test_input_is_utf8_without_byte_order_mark(checkpoint):
 
 
 @pytest.mark.parametrize(
-    "flags", [("--batch-size", "0"), ("--alpha", "nan"), ("--alpha", "-1"), ("--beam", "0")]
+    "flags",
+    [
+        ("--batch-size", "0"),
+        ("--alpha", "nan"),
+        ("--alpha", "-1"),
+        ("--alpha", "1e308"),
+        ("--beam", "0"),
+    ],  # --alpha 1e308 was an IndexError's traceback
 )
 def test_meaningless_search_settings_are_refused(checkpoint, flags):
-    refused("--checkpoint", checkpoint[-1], *flags, command="translate")
+    said = refused("--checkpoint", checkpoint[-1], *flags, command="translate")
+    assert "--beam and --batch-size must be at least 1, --alpha from 0 to 5" in said, said
 
 
 def test_ctrl_c_gives_a_message_not_a_traceback(checkpoint, monkeypatch, capsys):

@@ -9,7 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from ..beam import ALPHA, BEAM_SIZE
+from ..beam import ALPHA, BEAM_SIZE, MAX_ALPHA
 from ..checkpoints import checkpoint_step
 from ..evaluation.runs import bleu_per_checkpoint, evaluate_run, read_run, write_results
 from ..files import LOCK_FILE, check_writable
@@ -113,10 +113,10 @@ def _check_first(ap: argparse.ArgumentParser, args) -> None:
     """What can be checked before decoding: the numbers, the run folder, and the
     paths that will be written."""
     if any(n is not None and n < 1 for n in (args.last, args.limit, args.beam)) or not (
-        args.alpha >= 0
+        0 <= args.alpha <= MAX_ALPHA
     ):
         ap.error(
-            "--last, --limit and --beam must be at least 1, and --alpha a number >= 0 "
+            f"--last, --limit and --beam must be at least 1, and --alpha from 0 to {MAX_ALPHA:g} "
             "(the paper: 5 or 20 checkpoints, every sentence, beam 4, alpha 0.6)"
         )
     if args.best and args.last is not None:

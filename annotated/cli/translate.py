@@ -7,7 +7,6 @@ __all__ = ["main", "write_out"]
 # `python -m annotated.cli.translate`: load (and average) checkpoints, rebuild the model and its
 # tokenizer, and translate lines as they arrive with beam search.
 import argparse
-import math
 import os
 import queue
 import stat
@@ -15,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ..beam import ALPHA, BEAM_SIZE
+from ..beam import ALPHA, BEAM_SIZE, MAX_ALPHA
 from ..errors import DataError
 from ..evaluation.translation import read_model, translate
 from ..files import check_writable, decode_lines, output_path
@@ -63,8 +62,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    if args.beam < 1 or args.batch_size < 1 or not (math.isfinite(args.alpha) and args.alpha >= 0):
-        ap.error("--beam and --batch-size must be at least 1, --alpha a finite number >= 0")
+    if args.beam < 1 or args.batch_size < 1 or not 0 <= args.alpha <= MAX_ALPHA:
+        ap.error(f"--beam and --batch-size must be at least 1, --alpha from 0 to {MAX_ALPHA:g}")
     if not 0 <= args.nbest <= args.beam:
         ap.error(f"--nbest {args.nbest}: a beam of {args.beam} holds 1 to {args.beam} outputs")
     args.device = chosen_device(ap, args.device)
