@@ -305,6 +305,11 @@ def test_bad_arguments():
     # the largest exponent allowed keeps every score finite, on outputs of up to 200 tokens
     beams = beam_search_hypotheses(model, src, mask, 201, BOS, EOS, 4, MAX_ALPHA)
     assert all(math.isfinite(h.score) for beam in beams for h in beam)
+    from annotated.data.tokenizer import IdTokenizer
+    from annotated.evaluation.translation import translate
+
+    with pytest.raises(ValueError, match="alpha 0 to 5"):  # the sentences' entry point too
+        translate(model, IdTokenizer(10), ["3 4"], alpha=1e308)
 
 
 # ---------------------------------------------------------------- checkpoint averaging

@@ -5,7 +5,6 @@ __all__ = ["translate", "score", "read_model", "task_tokenizer", "load_model", "
 
 # %% ../../notebooks/11_multi30k.ipynb #c002b
 # Translating sentences: tokenize, batch by length, beam search, detokenize.
-import math
 import sys
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
@@ -14,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from ..batching import BOS, EOS, PAD, make_batch
-from ..beam import ALPHA, BEAM_SIZE, EXTRA_LENGTH
+from ..beam import ALPHA, BEAM_SIZE, EXTRA_LENGTH, MAX_ALPHA
 from ..decoding import beam_search_hypotheses
 
 if TYPE_CHECKING:  # a protocol, for type checkers only
@@ -40,10 +39,10 @@ def translate(
     or with nbest=N each input's N best (translation, score) pairs. Runs `model` as it is, under
     `autocast` if given; progress=True shows a progress bar over the batches on standard error."""
     searchable = batch_size >= 1 and beam_size >= 1 and 0 <= nbest <= beam_size
-    if not (searchable and 0 <= alpha < math.inf):
+    if not (searchable and 0 <= alpha <= MAX_ALPHA):
         raise ValueError(
             f"translate: batch_size and beam_size must be at least 1, nbest 0 to beam_size and "
-            f"alpha a finite number >= 0; got {batch_size}, {beam_size}, {nbest} and {alpha}."
+            f"alpha 0 to {MAX_ALPHA:g}; got {batch_size}, {beam_size}, {nbest} and {alpha}."
         )
     device = next(model.parameters()).device
     limit = model.src_embed[1].max_len - EXTRA_LENGTH - 1  # room for the source and the output
