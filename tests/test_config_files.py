@@ -123,6 +123,8 @@ BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
             "alias",
         ),  # fmt: skip
         ("task: copy\nmax_steps: 010\n", "octal"),  # YAML 1.1 would read 8
+        ("task: copy\nmax_steps: 1:20\n", "line 2, column 12: .* base 60"),  # it would read 80
+        ("task: copy\noptim:\n  lr_factor: 1:30.5\n", "base 60"),  # and 90.5
         ("task: copy\nseed: " + "[" * 5000 + "]" * 5000 + "\n", "nest"),
         ("task: copy\nseed: 1\nseed: 2\n", "mine.yaml: seed is given twice"),  # the last won
         ("task: copy\nmodel: {N: 1, N: 2}\n", "mine.yaml: N is given twice"),
@@ -130,16 +132,18 @@ BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 )
 def test_a_configuration_file_cannot_hang_or_crash_a_command(tmp_path, text, said):
     """Aliases, which can expand a small file past any bound or refer to themselves, are refused;
-    a number with a leading zero is not read as octal; nesting past Python's recursion is a
-    message. Each in well under a second, with no traceback."""
+    a number with a leading zero is not read as octal, nor one with colons in base 60; nesting
+    past Python's recursion is a message. Each in well under a second, on one line, with no
+    traceback."""
     import time
 
     path = tmp_path / "mine.yaml"
     path.write_text(text)
     start = time.perf_counter()
-    with pytest.raises(ConfigError, match=said):
+    with pytest.raises(ConfigError, match=said) as refused:
         build_config(str(path))
     assert time.perf_counter() - start < 5
+    assert "\n" not in str(refused.value), str(refused.value)  # one paragraph, where in the file
 
 
 def test_a_json_key_given_twice_is_refused_not_read_as_the_last(tmp_path):

@@ -49,33 +49,53 @@ def _flattened(raw: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _yaml(text: str):
-    """YAML as a configuration uses it: no aliases (`*name`), and no octal numbers, which
-    YAML 1.1 makes of a leading zero (`max_steps: 010` would be 8)."""
+    """YAML as a configuration uses it: no aliases (`*name`), no octal numbers, which
+    YAML 1.1 makes of a leading zero (`max_steps: 010` would be 8), and no numbers in base 60,
+    which it makes of colons (`max_steps: 1:20` would be 80)."""
     import yaml
 
     class Loader(yaml.SafeLoader):
         def compose_node(self, parent, index):
             if self.check_event(yaml.events.AliasEvent):
+                alias = self.peek_event()
                 raise ConfigError(
-                    f"an alias (*{self.peek_event().anchor}) at {self.peek_event().start_mark}: "
+                    f"an alias (*{alias.anchor}) at {_at(alias.start_mark)}: "
                     f"a configuration file writes each value out; replace the alias by its value."
                 )
             return super().compose_node(parent, index)
 
         def construct_yaml_int(self, node):
+            _no_base_60(node)
             if re.fullmatch(r"[-+]?0[0-7_]+", node.value):
                 raise ConfigError(
-                    f"{node.value} at {node.start_mark}: YAML reads a number with a leading 0 "
+                    f"{node.value} at {_at(node.start_mark)}: YAML reads a number with a leading 0 "
                     f"as octal; write it without the 0 ({int(node.value.replace('_', ''), 10)})."
                 )
             return super().construct_yaml_int(node)
+
+        def construct_yaml_float(self, node):
+            _no_base_60(node)
+            return super().construct_yaml_float(node)
 
         def construct_mapping(self, node, deep=False):
             _unique([(self.construct_object(key, deep=deep), None) for key, _ in node.value])
             return super().construct_mapping(node, deep=deep)
 
     Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    Loader.add_constructor("tag:yaml.org,2002:float", Loader.construct_yaml_float)
     return yaml.load(text, Loader=Loader)
+
+
+def _at(mark) -> str:  # where in the file, on one line (PyYAML's own mark quotes the line)
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _no_base_60(node) -> None:
+    if ":" in node.value:
+        raise ConfigError(
+            f"{node.value} at {_at(node.start_mark)}: YAML reads a number with colons in base 60 "
+            f"(1:20 is 80); write the number itself, or quote it if it is text."
+        )
 
 
 def _unique(pairs: list) -> dict:
