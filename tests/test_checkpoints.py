@@ -207,3 +207,21 @@ def test_every_reader_refuses_a_checkpoint_whose_fields_have_the_wrong_kind(tmp_
     four = {"optimizer.param_groups", "scheduler.lr_lambdas", "rng.torch", "precision.name"}
     assert four <= refused, refused
     assert len(fields) > 20 and len(parts) >= 8 and reads > 150
+
+
+def test_a_record_asking_for_a_billion_layers_is_refused_before_any_is_built(two_runs, tmp_path):
+    """`translate` on a checkpoint whose record was edited to model.N=10**9 built layers for
+    minutes (until the machine gave out); the weights' own layers are counted first."""
+    import time
+
+    from annotated.evaluation.translation import read_model
+
+    state = torch.load(checkpoint_paths(two_runs[0])[-1], weights_only=True)
+    state["config"]["model"]["N"] = 2_000  # enough to tell; 10**9 would hang an unfixed reader
+    edited = tmp_path / "ckpt_00000002.pt"
+    torch.save(state, edited)
+    start = time.perf_counter()
+    with pytest.raises(TrainingError, match="holds 1 encoder layers, but its record says model.N"):
+        read_model(edited)
+    assert time.perf_counter() - start < 10
+    assert read_model(checkpoint_paths(two_runs[0])[-1])[0] is not None  # the unedited one reads

@@ -137,6 +137,12 @@ def read_model(paths: str | Path | Sequence[str | Path], device="cpu"):
     )
     check_fingerprint(state["tokenizer"], tokenizer.fingerprint, what=f"{files[-1]} was trained",
                       fix=fix)  # fmt: skip
+    layers = {key.split(".")[2] for key in weights if key.startswith("encoder.layers.")}
+    if len(layers) != model_cfg.N:  # counted before building: N=10**9 would build for ever
+        raise TrainingError(
+            f"{files[-1]} holds {len(layers)} encoder layers, but its record says model.N="
+            f"{model_cfg.N}: the file was damaged or edited. Name another checkpoint."
+        )
     model = make_model(tokenizer.vocab_size, tokenizer.vocab_size, **asdict(model_cfg))
     load_weights(model, weights, files[-1])
     return model.to(device).eval(), tokenizer, record
