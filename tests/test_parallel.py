@@ -447,3 +447,17 @@ def test_the_parallel_task_without_a_folder_says_how_to_name_one(tmp_path, monke
     for use in (TASK.tokenizer_for, TASK.test_sets, lambda c: TASK(c)):
         with pytest.raises(DataError, match="cli.prepare --src FILE --tgt FILE.*data.path=FOLDER"):
             use(cfg)
+
+
+def test_a_byte_order_mark_at_the_start_of_a_file_is_not_text(tmp_path):
+    """Editors on Windows start a UTF-8 file with a byte-order mark: it was kept as the first
+    character of the first training sentence (in a pasted TSV too)."""
+    from annotated.data.cleaning import read_pairs
+
+    files = write_corpus(tmp_path / "c", [("a b", "c d"), ("e", "f")])
+    for path in files:
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert list(read_pairs([tuple(files)])) == [("a b", "c d"), ("e", "f")]
+    (tmp_path / "b.tsv").write_bytes(b"\xef\xbb\xbfa b\tc d\n")
+    split = split_tsv(tmp_path / "b.tsv", tmp_path / "split", ("en", "de"))
+    assert list(read_pairs([split])) == [("a b", "c d")]

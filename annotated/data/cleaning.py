@@ -134,8 +134,8 @@ def clean_corpora(corpora: dict[str, dict[str, Path]], langs: tuple[str, str], o
 def read_pairs(files: list[tuple[Path, Path]]):
     """(source, target) lines of line-aligned file pairs, one file pair after another."""
     for src_path, tgt_path in files:
-        a = open(src_path, encoding="utf-8", newline="\n")  # a line ends at "\n", nothing else
-        b = open(tgt_path, encoding="utf-8", newline="\n")
+        a = open(src_path, encoding="utf-8-sig", newline="\n")  # "\n" ends a line; no BOM
+        b = open(tgt_path, encoding="utf-8-sig", newline="\n")
         with a, b:
             yield from ((s.rstrip("\n"), t.rstrip("\n")) for s, t in zip(a, b))
 
