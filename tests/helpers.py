@@ -14,6 +14,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch import nn
@@ -133,6 +134,9 @@ def run_trainer(*args, launcher=None, timeout=300, check=True, cwd=None, **env_e
     return r
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what a command's process may take over
+
+
 def run_here(command: str, *args) -> subprocess.CompletedProcess:
     """`python -m annotated.cli.COMMAND ARGS` run in this process with one thread, as a
     subprocess would run it but without the seconds a new process spends importing PyTorch:
@@ -141,17 +145,15 @@ def run_here(command: str, *args) -> subprocess.CompletedProcess:
     main = importlib.import_module(f"annotated.cli.{command}").main
     out, err = io.StringIO(), io.StringIO()
     threads, handlers = torch.get_num_threads(), {s: signal.getsignal(s) for s in _SIGNALS}
-    omp = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # as run_trainer's subprocesses have it
-    torch.set_num_threads(1)
     printed = lambda m, c, f, n, file=None, line=None: err.write(  # noqa: E731
         warnings.formatwarning(m, c, f, n, line)
     )
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            with warnings.catch_warnings():
-                warnings.simplefilter("default")
-                warnings.showwarning = printed
+    torch.set_num_threads(1)
+    try:  # one thread, as run_trainer's subprocesses have it
+        with mock.patch.dict(os.environ, OMP_NUM_THREADS="1"), warnings.catch_warnings():
+            warnings.simplefilter("default")
+            warnings.showwarning = printed
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
                 try:
                     code = main([str(a) for a in args])
                 except SystemExit as e:  # argparse's own refusals
@@ -160,16 +162,9 @@ def run_here(command: str, *args) -> subprocess.CompletedProcess:
         torch.set_num_threads(threads)
         for s, handler in handlers.items():
             signal.signal(s, handler)
-        if omp is None:
-            os.environ.pop("OMP_NUM_THREADS")
-        else:
-            os.environ["OMP_NUM_THREADS"] = omp
     return subprocess.CompletedProcess(
         [command, *map(str, args)], code, out.getvalue(), err.getvalue()
     )
-
-
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def refused(*args, command: str = "train") -> str:
